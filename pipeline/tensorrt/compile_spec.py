@@ -1,0 +1,152 @@
+"""`TensorRTCompileSpec`: every option of one engine build, validated, and lossless to and from
+ExecuTorch `CompileSpec` lists (one entry per field, the value JSON-encoded)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+from pipeline.errors import CompileSpecError
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+# A dim range is [min, opt, max]; opt may be None to take the example input's size.
+DimRange = tuple[int, int | None, int]
+
+# Compile-spec key that names the method a spec was written for (a partitioner shared across
+# methods must not carry another method's spec).
+METHOD_KEY = "method"
+
+
+@dataclass(frozen=True)
+class TensorRTCompileSpec:
+    """Options of one TensorRT engine build.
+
+    Attributes:
+        precision: compute precision of float tensors inside the engine (fp32, fp16, bf16); engine
+            inputs and outputs keep the program's dtypes.
+        allow_tf32: let fp32 matmuls and convolutions use TF32.
+        optimization_level: builder optimization level, 0..5.
+        workspace_bytes: workspace memory-pool limit; None leaves TensorRT's default.
+        min_block_size: smallest number of compute nodes worth an engine of their own.
+        timing_cache_path: timing cache file read before and written after each build.
+        target_compute_capabilities: e.g. ["8.9", "9.0"] (TensorRT-RTX only); empty: builder default.
+        dynamic_shapes: program input name -> {dim index -> [min, opt, max]}.
+        max_aux_streams: auxiliary streams TensorRT may use; None leaves its default.
+        method: the program method these options are for; None fits any method.
+        symbol_ranges: symbolic dim name (e.g. "s0") -> [min, opt, max]; the partitioner fills it in
+            from `dynamic_shapes` so each engine's inputs find their ranges.
+    """
+
+    precision: str = "fp32"
+    allow_tf32: bool = True
+    optimization_level: int = 3
+    workspace_bytes: int | None = None
+    min_block_size: int = 1
+    timing_cache_path: str | None = None
+    target_compute_capabilities: tuple[str, ...] = ()
+    dynamic_shapes: Mapping[str, Mapping[int, DimRange]] = field(default_factory=dict)
+    max_aux_streams: int | None = None
+    method: str | None = None
+    symbol_ranges: Mapping[str, DimRange] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_compute_capabilities", tuple(self.target_compute_capabilities))
+        object.__setattr__(self, "dynamic_shapes", _normalise_ranges(self.dynamic_shapes))
+        object.__setattr__(self, "symbol_ranges", _normalise_ranges({"": self.symbol_ranges}, keys=str)[""])
+        _validate(self)
+
+    def to_compile_specs(self) -> list[CompileSpec]:
+        """Encode as ExecuTorch compile specs, one per field."""
+        data = asdict(self)
+        data["dynamic_shapes"] = {k: {str(d): list(r) for d, r in v.items()} for k, v in self.dynamic_shapes.items()}
+        data["target_compute_capabilities"] = list(self.target_compute_capabilities)
+        data["symbol_ranges"] = {k: list(r) for k, r in self.symbol_ranges.items()}
+        return [CompileSpec(k, json.dumps(v).encode()) for k, v in data.items()]
+
+    @classmethod
+    def from_compile_specs(cls, specs: Sequence[CompileSpec]) -> TensorRTCompileSpec:
+        """Decode compile specs written by `to_compile_specs`.
+
+        Raises:
+            CompileSpecError: an unknown key, a value that is not JSON, or an invalid value.
+        """
+        known = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for spec in specs:
+            if spec.key not in known:
+                raise CompileSpecError(
+                    f"unknown TensorRT compile-spec key {spec.key!r}; expected one of {sorted(known)}"
+                )
+            try:
+                values[spec.key] = json.loads(bytes(spec.value).decode())
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise CompileSpecError(f"compile-spec {spec.key!r} is not JSON: {exc}") from exc
+        return cls(**values)
+
+    def for_method(self, method: str) -> TensorRTCompileSpec:
+        """The same options, marked as written for `method`."""
+        return _replace(self, method=method)
+
+    def with_symbol_ranges(self, ranges: Mapping[str, DimRange]) -> TensorRTCompileSpec:
+        """The same options with resolved ranges of symbolic dims."""
+        return _replace(self, symbol_ranges=dict(ranges))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> TensorRTCompileSpec:
+        """Build from a plain mapping (a config section); unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise CompileSpecError(f"unknown TensorRT compile-spec field(s) {sorted(unknown)}; expected {sorted(known)}")
+        return cls(**dict(data))
+
+
+def _replace(spec: TensorRTCompileSpec, **changes: Any) -> TensorRTCompileSpec:
+    values = {f.name: getattr(spec, f.name) for f in fields(spec)}
+    values.update(changes)
+    return TensorRTCompileSpec(**values)
+
+
+def _normalise_ranges(ranges: Mapping[str, Mapping[Any, Any]], keys: Any = int) -> dict[str, dict[Any, DimRange]]:
+    out: dict[str, dict[Any, DimRange]] = {}
+    for name, dims in (ranges or {}).items():
+        out[str(name)] = {}
+        for dim, rng in (dims or {}).items():
+            values = list(rng)
+            if len(values) != 3:
+                raise CompileSpecError(
+                    f"dynamic_shapes[{name!r}][{dim}] = {values}: expected [min, opt, max] (opt may be null)"
+                )
+            lo, opt, hi = values
+            out[str(name)][keys(dim)] = (int(lo), None if opt is None else int(opt), int(hi))
+    return out
+
+
+def _validate(spec: TensorRTCompileSpec) -> None:
+    if spec.precision not in PRECISIONS:
+        raise CompileSpecError(f"precision={spec.precision!r} is not supported; use one of {list(PRECISIONS)}")
+    if not isinstance(spec.allow_tf32, bool):
+        raise CompileSpecError(f"allow_tf32={spec.allow_tf32!r} must be true or false")
+    if not isinstance(spec.optimization_level, int) or not 0 <= spec.optimization_level <= 5:
+        raise CompileSpecError(f"optimization_level={spec.optimization_level!r} is outside 0..5; pick 0 (fastest build) to 5")
+    if spec.workspace_bytes is not None and (not isinstance(spec.workspace_bytes, int) or spec.workspace_bytes <= 0):
+        raise CompileSpecError(f"workspace_bytes={spec.workspace_bytes!r} must be a positive integer or null")
+    if not isinstance(spec.min_block_size, int) or spec.min_block_size < 1:
+        raise CompileSpecError(f"min_block_size={spec.min_block_size!r} must be an integer >= 1")
+    if spec.max_aux_streams is not None and (not isinstance(spec.max_aux_streams, int) or spec.max_aux_streams < 0):
+        raise CompileSpecError(f"max_aux_streams={spec.max_aux_streams!r} must be an integer >= 0 or null")
+    for cap in spec.target_compute_capabilities:
+        major, _, minor = str(cap).partition(".")
+        if not (major.isdigit() and minor.isdigit()):
+            raise CompileSpecError(f"target_compute_capabilities entry {cap!r} must look like '8.9' (major.minor)")
+    for name, dims in [*spec.dynamic_shapes.items(), ("symbol_ranges", spec.symbol_ranges)]:
+        for dim, (lo, opt, hi) in dims.items():
+            where = f"dynamic_shapes[{name!r}][{dim}]" if name != "symbol_ranges" else f"symbol_ranges[{dim!r}]"
+            if lo < 0 or (isinstance(dim, int) and dim < 0):
+                raise CompileSpecError(f"{where}: dims and sizes must be >= 0, got dim {dim} range {[lo, opt, hi]}")
+            if lo > hi or (opt is not None and not lo <= opt <= hi):
+                raise CompileSpecError(f"{where} = {[lo, opt, hi]}: expected min <= opt <= max")

@@ -1,0 +1,148 @@
+"""`ConversionContext`: the state converters share while one graph becomes one TensorRT network
+(the network, the compile spec, the compute dtype, node values, and constants kept alive)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.trt_api import trt
+
+_COMPUTE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_NUMPY_SAFE = {torch.float32, torch.int32, torch.int64, torch.bool, torch.int8, torch.uint8}
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def torch_to_trt(dtype: torch.dtype) -> Any:
+    """The TensorRT data type of a torch dtype."""
+    t = trt()
+    table = {
+        torch.float32: t.float32,
+        torch.float16: t.float16,
+        torch.bfloat16: t.bfloat16,
+        torch.int32: t.int32,
+        torch.int64: t.int64,
+        torch.bool: t.bool,
+        torch.int8: t.int8,
+        torch.uint8: t.uint8,
+    }
+    if dtype not in table:
+        raise TypeError(f"dtype {dtype} has no TensorRT equivalent; supported: {sorted(map(str, table))}")
+    return table[dtype]
+
+
+def trt_to_torch(dtype: Any) -> torch.dtype:
+    """The torch dtype of a TensorRT data type."""
+    t = trt()
+    for td in (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.int8, torch.uint8):
+        if torch_to_trt(td) == dtype:
+            return td
+    raise TypeError(f"TensorRT dtype {dtype} has no torch equivalent ({t.__name__})")
+
+
+class ConversionContext:
+    """Shared state while converting one graph; converters create layers through it."""
+
+    def __init__(self, network: Any, spec: TensorRTCompileSpec) -> None:
+        self.network = network
+        self.spec = spec
+        self.compute_dtype = _COMPUTE[spec.precision]
+        self.values: dict[torch.fx.Node, Any] = {}
+        self._keep: list[np.ndarray] = []  # TensorRT reads weights at build time, not at add time
+
+    # ---- dtypes -------------------------------------------------------------------------------
+    def compute(self, dtype: torch.dtype) -> torch.dtype:
+        """Float dtypes become the spec's compute dtype inside the engine; others stay."""
+        return self.compute_dtype if dtype in FLOATS else dtype
+
+    def node_dtype(self, node: torch.fx.Node) -> torch.dtype:
+        """Dtype a node's (first) output has inside the engine."""
+        val = node.meta["val"]
+        if isinstance(val, (tuple, list)):
+            val = val[0]
+        return self.compute(val.dtype)
+
+    # ---- tensors ------------------------------------------------------------------------------
+    def constant(self, value: Any, dtype: torch.dtype | None = None) -> Any:
+        """A constant layer's output holding `value`, in `dtype` (default: compute dtype for floats)."""
+        tensor = torch.as_tensor(value).detach().cpu()
+        target = dtype if dtype is not None else self.compute(tensor.dtype)
+        stored = tensor.to(torch.float32) if tensor.dtype not in _NUMPY_SAFE else tensor
+        if stored.dtype == torch.bool:
+            stored = stored.to(torch.int32)
+        array = np.ascontiguousarray(stored.numpy())
+        self._keep.append(array)
+        shape = tuple(array.shape) if array.ndim else (1,)
+        layer = self.network.add_constant(shape, trt().Weights(array.reshape(shape)))
+        out = layer.get_output(0)
+        if tensor.ndim == 0:
+            out = self.reshape(out, ())
+        return self.cast(out, target)
+
+    def tensor(self, x: Any, like: Any = None, dtype: torch.dtype | None = None) -> Any:
+        """`x` as an ITensor: ITensors pass, Python scalars become constants of `like`'s rank and dtype."""
+        if _is_itensor(x):
+            return x if dtype is None else self.cast(x, dtype)
+        if dtype is None:
+            dtype = trt_to_torch(like.dtype) if like is not None else None
+        t = torch.as_tensor(x)
+        if like is not None and t.ndim == 0:
+            t = t.reshape((1,) * len(like.shape))
+        return self.constant(t, dtype)
+
+    def cast(self, x: Any, dtype: torch.dtype) -> Any:
+        """`x` cast to a torch dtype (no layer when it already has it)."""
+        target = torch_to_trt(dtype)
+        if x.dtype == target:
+            return x
+        return self.network.add_cast(x, target).get_output(0)
+
+    def reshape(self, x: Any, shape: Sequence[Any]) -> Any:
+        """Reshape to `shape`: ints (-1 infers one dim) and, for dynamic sizes, 0-d int ITensors."""
+        layer = self.network.add_shuffle(x)
+        layer.zero_is_placeholder = False
+        if any(_is_itensor(d) for d in shape):
+            layer.set_input(1, self.shape_tensor(shape))
+        else:
+            layer.reshape_dims = tuple(int(d) for d in shape)
+        return layer.get_output(0)
+
+    def dims(self, x: Any) -> list[Any]:
+        """Sizes of `x`: ints where static, 0-d int64 ITensors where dynamic."""
+        return [d if d >= 0 else self.dim_of(x, i) for i, d in enumerate(x.shape)]
+
+    def shape_tensor(self, dims: Sequence[Any]) -> Any:
+        """A 1-D int64 shape tensor from ints and scalar/1-element int ITensors."""
+        parts = []
+        for d in dims:
+            if _is_itensor(d):
+                parts.append(self.reshape(self.cast(d, torch.int64), (1,)))
+            else:
+                parts.append(self.constant(torch.tensor([int(d)], dtype=torch.int64)))
+        if not parts:
+            return self.constant(torch.zeros(0, dtype=torch.int64))
+        if len(parts) == 1:
+            return parts[0]
+        layer = self.network.add_concatenation(parts)
+        layer.axis = 0
+        return layer.get_output(0)
+
+    def shape_of(self, x: Any) -> Any:
+        """The runtime shape of `x` as a 1-D int64 tensor."""
+        return self.cast(self.network.add_shape(x).get_output(0), torch.int64)
+
+    def dim_of(self, x: Any, dim: int) -> Any:
+        """The runtime size of dim `dim` of `x` as a 0-d int64 tensor."""
+        index = self.constant(torch.tensor(dim, dtype=torch.int64), torch.int64)
+        return self.network.add_gather(self.shape_of(x), index, 0).get_output(0)
+
+    def is_dynamic(self, x: Any) -> bool:
+        return any(d < 0 for d in x.shape)
+
+
+def _is_itensor(x: Any) -> bool:
+    return isinstance(x, trt().ITensor)

@@ -1,0 +1,88 @@
+"""Layer-building helpers shared by several converter families (broadcasting, promotion,
+elementwise and unary layers, axis masks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pipeline.tensorrt.context import ConversionContext
+from pipeline.tensorrt.trt_api import trt
+
+
+def out_val(node: torch.fx.Node) -> Any:
+    """The fake value of a node's (first) output."""
+    val = node.meta["val"]
+    return val[0] if isinstance(val, (tuple, list)) else val
+
+
+def norm_dim(dim: int, rank: int) -> int:
+    """A non-negative axis index."""
+    return dim + rank if dim < 0 else dim
+
+
+def axes_mask(dims: Sequence[int], rank: int) -> int:
+    """TensorRT's bit mask for a set of axes."""
+    mask = 0
+    for d in dims:
+        mask |= 1 << norm_dim(int(d), rank)
+    return mask
+
+
+def unsqueeze_to(ctx: ConversionContext, x: Any, rank: int) -> Any:
+    """Prepend unit dims so `x` has `rank` dims (TensorRT broadcasts only equal ranks)."""
+    missing = rank - len(x.shape)
+    if missing <= 0:
+        return x
+    return ctx.reshape(x, [1] * missing + ctx.dims(x))
+
+
+def promoted(ctx: ConversionContext, node: torch.fx.Node, a: Any, b: Any, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+    """Both operands as ITensors of one dtype and rank, following torch's promotion for `node`."""
+    if dtype is None:
+        args = [x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in node.args[:2]]
+        dtype = ctx.compute(torch.result_type(*args))
+    ref = a if hasattr(a, "shape") and not isinstance(a, (int, float, bool)) else b
+    a = ctx.tensor(a, like=ref, dtype=dtype)
+    b = ctx.tensor(b, like=ref, dtype=dtype)
+    rank = max(len(a.shape), len(b.shape))
+    return unsqueeze_to(ctx, a, rank), unsqueeze_to(ctx, b, rank)
+
+
+def elementwise(ctx: ConversionContext, op: Any, a: Any, b: Any) -> Any:
+    """One elementwise layer (operands already promoted)."""
+    return ctx.network.add_elementwise(a, b, op).get_output(0)
+
+
+def binary(ctx: ConversionContext, node: torch.fx.Node, op: Any, a: Any, b: Any) -> Any:
+    """Promote, broadcast, then apply an elementwise op."""
+    a, b = promoted(ctx, node, a, b)
+    return elementwise(ctx, op, a, b)
+
+
+def unary(ctx: ConversionContext, x: Any, op: Any) -> Any:
+    return ctx.network.add_unary(x, op).get_output(0)
+
+
+def activation(ctx: ConversionContext, x: Any, kind: Any, alpha: float | None = None, beta: float | None = None) -> Any:
+    layer = ctx.network.add_activation(x, kind)
+    if alpha is not None:
+        layer.alpha = alpha
+    if beta is not None:
+        layer.beta = beta
+    return layer.get_output(0)
+
+
+def scalar_like(ctx: ConversionContext, value: float, like: Any) -> Any:
+    """A constant scalar broadcastable against `like` in its dtype."""
+    return ctx.tensor(value, like=like)
+
+
+def ew_ops() -> Any:
+    return trt().ElementWiseOperation
+
+
+def unary_ops() -> Any:
+    return trt().UnaryOperation

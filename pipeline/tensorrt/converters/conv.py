@@ -1,0 +1,62 @@
+"""Converter for `aten.convolution` (2-D and 3-D; groups, depthwise, stride, padding, dilation,
+bias, and transposed convolution)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeline.tensorrt.context import ConversionContext
+from pipeline.tensorrt.converters import _validators as v
+from pipeline.tensorrt.converters.registry import converter
+from pipeline.tensorrt.trt_api import trt
+
+aten = torch.ops.aten
+Node = torch.fx.Node
+
+
+def _conv_ok(node: Node, spec: Any) -> str | None:
+    reason = v.FLOAT_ONLY(node, spec)
+    if reason:
+        return reason
+    weight = node.args[1]
+    if not isinstance(weight, Node) or weight.op != "placeholder":
+        return "convolution weight must be a constant of the program (a parameter), not a computed tensor"
+    rank = weight.meta["val"].dim()
+    if rank not in (4, 5):
+        return f"only 2-D and 3-D convolutions are supported, got a weight of rank {rank}"
+    transposed, out_pad = node.args[6], node.args[7]
+    if transposed and any(p != 0 for p in out_pad):
+        return f"transposed convolution with output_padding={list(out_pad)} is not supported"
+    channels = node.args[0].meta["val"].shape[1]  # type: ignore[union-attr]
+    if not isinstance(channels, int):
+        return "the channel dimension of a convolution input must be static"
+    return None
+
+
+@converter(aten.convolution.default, validator=_conv_ok)
+def convolution(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, weight, bias, stride, padding, dilation, transposed, _, groups = args[:9]
+    wshape = tuple(node.args[1].meta["val"].shape)  # type: ignore[union-attr]
+    spatial = len(wshape) - 2
+    dtype = ctx.node_dtype(node)
+    x = ctx.cast(x, dtype)
+    empty = trt().Weights()  # the kernel comes in through set_input(1), so strongly typed nets keep one dtype
+    if transposed:
+        layer = ctx.network.add_deconvolution_nd(x, wshape[1] * groups, wshape[2:], empty)
+    else:
+        layer = ctx.network.add_convolution_nd(x, wshape[0], wshape[2:], empty)
+    layer.set_input(1, ctx.cast(weight, dtype))
+    if bias is not None:
+        layer.set_input(2, ctx.cast(bias, dtype))
+    layer.stride_nd = _expand(stride, spatial)
+    layer.padding_nd = _expand(padding, spatial)
+    layer.dilation_nd = _expand(dilation, spatial)
+    layer.num_groups = int(groups)
+    return layer.get_output(0)
+
+
+def _expand(values: Any, n: int) -> tuple[int, ...]:
+    values = list(values)
+    return tuple(int(x) for x in (values * n if len(values) == 1 else values))

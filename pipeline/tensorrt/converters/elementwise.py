@@ -1,0 +1,166 @@
+"""Converters for binary arithmetic, comparisons, `where`, `pow` and elementwise math."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeline.tensorrt.context import ConversionContext
+from pipeline.tensorrt.converters import _validators as v
+from pipeline.tensorrt.converters._layers import elementwise, ew_ops, promoted, unary, unary_ops, unsqueeze_to
+from pipeline.tensorrt.converters.registry import converter
+
+aten = torch.ops.aten
+Node = torch.fx.Node
+
+
+def _scaled(ctx: ConversionContext, node: Node, b: Any, kwargs: dict[str, Any]) -> Any:
+    alpha = kwargs.get("alpha", 1)
+    if alpha == 1:
+        return b
+    if isinstance(b, (int, float)):
+        return b * alpha
+    b, a = promoted(ctx, node, b, alpha, dtype=ctx.node_dtype(node))
+    return elementwise(ctx, ew_ops().PROD, b, a)
+
+
+_ARITH = v.tensor_dtypes(v.NUMERIC_DTYPES)
+
+
+@converter(aten.add.Tensor, aten.add.Scalar, validator=_ARITH)
+def add(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = promoted(ctx, node, args[0], _scaled(ctx, node, args[1], kwargs), ctx.node_dtype(node))
+    return elementwise(ctx, ew_ops().SUM, a, b)
+
+
+@converter(aten.sub.Tensor, aten.sub.Scalar, validator=_ARITH)
+def sub(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = promoted(ctx, node, args[0], _scaled(ctx, node, args[1], kwargs), ctx.node_dtype(node))
+    return elementwise(ctx, ew_ops().SUB, a, b)
+
+
+@converter(aten.rsub.Scalar, aten.rsub.Tensor, validator=_ARITH)
+def rsub(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = promoted(ctx, node, args[1], _scaled(ctx, node, args[0], kwargs), ctx.node_dtype(node))
+    return elementwise(ctx, ew_ops().SUB, a, b)
+
+
+@converter(aten.mul.Tensor, aten.mul.Scalar, validator=v.NUMERIC)
+def mul(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    dtype = ctx.node_dtype(node)
+    a, b = promoted(ctx, node, args[0], args[1], dtype)
+    return elementwise(ctx, ew_ops().AND if dtype == torch.bool else ew_ops().PROD, a, b)
+
+
+_div_mode = v.all_of(_ARITH, v.arg_in(2, "rounding_mode", (None, "floor"), None))
+
+
+@converter(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode, validator=_div_mode)
+def div(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    mode = args[2] if len(args) > 2 else kwargs.get("rounding_mode")
+    out_dtype = ctx.node_dtype(node)
+    a, b = promoted(ctx, node, args[0], args[1], out_dtype)
+    if mode == "floor" and not out_dtype.is_floating_point:
+        return elementwise(ctx, ew_ops().FLOOR_DIV, a, b)
+    q = elementwise(ctx, ew_ops().DIV, a, b)
+    return unary(ctx, q, unary_ops().FLOOR) if mode == "floor" else q
+
+
+@converter(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar, validator=v.tensor_dtypes(v.FLOAT_DTYPES))
+def pow_(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if args[1] == 2:
+        x = ctx.tensor(args[0], dtype=ctx.node_dtype(node))
+        return elementwise(ctx, ew_ops().PROD, x, x)
+    return elementwise(ctx, ew_ops().POW, *promoted(ctx, node, args[0], args[1], ctx.node_dtype(node)))
+
+
+@converter(aten.maximum.default, validator=v.NUMERIC)
+def maximum(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return elementwise(ctx, ew_ops().MAX, *promoted(ctx, node, args[0], args[1], ctx.node_dtype(node)))
+
+
+@converter(aten.minimum.default, validator=v.NUMERIC)
+def minimum(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return elementwise(ctx, ew_ops().MIN, *promoted(ctx, node, args[0], args[1], ctx.node_dtype(node)))
+
+
+# ---- comparisons -------------------------------------------------------------------------------
+def _compare(ctx: ConversionContext, node: Node, args: tuple[Any, ...], op: str, negate: bool = False) -> Any:
+    a, b = promoted(ctx, node, args[0], args[1])
+    out = elementwise(ctx, getattr(ew_ops(), op), a, b)
+    return unary(ctx, out, unary_ops().NOT) if negate else out
+
+
+@converter(aten.eq.Tensor, aten.eq.Scalar, validator=v.NUMERIC)
+def eq(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _compare(ctx, node, args, "EQUAL")
+
+
+@converter(aten.ne.Tensor, aten.ne.Scalar, validator=v.NUMERIC)
+def ne(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _compare(ctx, node, args, "EQUAL", negate=True)
+
+
+@converter(aten.lt.Tensor, aten.lt.Scalar, validator=v.NUMERIC)
+def lt(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _compare(ctx, node, args, "LESS")
+
+
+@converter(aten.ge.Tensor, aten.ge.Scalar, validator=v.NUMERIC)
+def ge(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _compare(ctx, node, args, "LESS", negate=True)
+
+
+@converter(aten.gt.Tensor, aten.gt.Scalar, validator=v.NUMERIC)
+def gt(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _compare(ctx, node, args, "GREATER")
+
+
+@converter(aten.le.Tensor, aten.le.Scalar, validator=v.NUMERIC)
+def le(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _compare(ctx, node, args, "GREATER", negate=True)
+
+
+@converter(aten.logical_not.default, validator=v.tensor_dtypes({torch.bool}))
+def logical_not(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return unary(ctx, args[0], unary_ops().NOT)
+
+
+@converter(aten.where.self, validator=v.NUMERIC)
+def where(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    cond = args[0]
+    a, b = promoted(ctx, node, args[1], args[2], ctx.node_dtype(node))
+    rank = max(len(cond.shape), len(a.shape), len(b.shape))
+    a, b, cond = (unsqueeze_to(ctx, t, rank) for t in (a, b, cond))
+    return ctx.network.add_select(cond, a, b).get_output(0)
+
+
+# ---- elementwise math --------------------------------------------------------------------------
+def _unary_converter(op_name: str, *ops: Any, floats_only: bool = True) -> None:
+    check = v.tensor_dtypes(v.FLOAT_DTYPES if floats_only else v.NUMERIC_DTYPES)
+
+    @converter(*ops, validator=check)
+    def convert(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return unary(ctx, args[0], getattr(unary_ops(), op_name))
+
+    convert.__qualname__ = convert.__name__ = op_name.lower()
+
+
+_unary_converter("SQRT", aten.sqrt.default)
+_unary_converter("EXP", aten.exp.default)
+_unary_converter("LOG", aten.log.default)
+_unary_converter("ERF", aten.erf.default)
+_unary_converter("SIN", aten.sin.default)
+_unary_converter("COS", aten.cos.default)
+_unary_converter("RECIP", aten.reciprocal.default)
+_unary_converter("FLOOR", aten.floor.default)
+_unary_converter("CEIL", aten.ceil.default)
+_unary_converter("ROUND", aten.round.default)  # both round half to even
+_unary_converter("NEG", aten.neg.default, floats_only=False)
+_unary_converter("ABS", aten.abs.default, floats_only=False)
+
+
+@converter(aten.rsqrt.default, validator=v.tensor_dtypes(v.FLOAT_DTYPES))
+def rsqrt(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return unary(ctx, unary(ctx, args[0], unary_ops().SQRT), unary_ops().RECIP)

@@ -1,0 +1,75 @@
+"""Converters for batch norm (inference) and layer norm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeline.tensorrt.context import ConversionContext
+from pipeline.tensorrt.converters import _validators as v
+from pipeline.tensorrt.converters._layers import elementwise, ew_ops, unary, unary_ops, unsqueeze_to
+from pipeline.tensorrt.converters.registry import converter
+
+aten = torch.ops.aten
+Node = torch.fx.Node
+
+
+def _only_first_output_used(node: Node) -> bool:
+    return all(getattr(u.target, "__name__", "") == "getitem" and u.args[1] == 0 for u in node.users)
+
+
+def _per_channel(ctx: ConversionContext, t: Any, rank: int, dtype: torch.dtype) -> Any:
+    """A [C] tensor reshaped to [1, C, 1, ...] for a rank-`rank` input."""
+    return ctx.reshape(ctx.cast(t, dtype), (1, -1) + (1,) * (rank - 2))
+
+
+_BN_OK = v.all_of(
+    v.FLOAT_ONLY,
+    v.rank_between(2, 5),
+    v.predicate(_only_first_output_used, "batch-norm statistics outputs are used (training mode?)"),
+)
+
+
+@converter(aten._native_batch_norm_legit_no_training.default, validator=_BN_OK)
+def batch_norm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, weight, bias, mean, var, _, eps = args[:7]
+    dtype = ctx.node_dtype(node)
+    x = ctx.cast(x, dtype)
+    rank = len(x.shape)
+    # Statistics combine in fp32 before the cast: var + eps underflows in fp16 for small eps.
+    f32 = torch.float32
+    eps_t = ctx.constant(torch.tensor([eps]), f32)
+    inv_std = unary(ctx, unary(ctx, elementwise(ctx, ew_ops().SUM, ctx.cast(var, f32), eps_t), unary_ops().SQRT), unary_ops().RECIP)
+    scale = inv_std if weight is None else elementwise(ctx, ew_ops().PROD, inv_std, ctx.cast(weight, f32))
+    shift = elementwise(ctx, ew_ops().PROD, ctx.cast(mean, f32), scale)
+    shift = unary(ctx, shift, unary_ops().NEG) if bias is None else elementwise(ctx, ew_ops().SUB, ctx.cast(bias, f32), shift)
+    y = elementwise(ctx, ew_ops().PROD, x, _per_channel(ctx, scale, rank, dtype))
+    return (elementwise(ctx, ew_ops().SUM, y, _per_channel(ctx, shift, rank, dtype)), None, None)
+
+
+def _layer_norm_ok(node: Node, spec: Any) -> str | None:
+    if "native" in str(node.target) and not _only_first_output_used(node):
+        return "layer-norm mean/rstd outputs are used"
+    return v.FLOAT_ONLY(node, spec)
+
+
+@converter(aten.native_layer_norm.default, aten.layer_norm.default, validator=_layer_norm_ok)
+def layer_norm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, shape = args[0], list(args[1])
+    weight = args[2] if len(args) > 2 else None
+    bias = args[3] if len(args) > 3 else kwargs.get("bias")
+    eps = args[4] if len(args) > 4 else kwargs.get("eps", 1e-5)
+    dtype = ctx.node_dtype(node)
+    x = ctx.cast(x, dtype)
+    rank = len(x.shape)
+    n = len(shape)
+    weight = ctx.cast(weight, dtype) if weight is not None else ctx.constant(torch.ones(shape), dtype)
+    bias = ctx.cast(bias, dtype) if bias is not None else ctx.constant(torch.zeros(shape), dtype)
+    mask = sum(1 << (rank - 1 - i) for i in range(n))
+    layer = ctx.network.add_normalization(x, unsqueeze_to(ctx, weight, rank), unsqueeze_to(ctx, bias, rank), mask)
+    layer.epsilon = float(eps)
+    out = layer.get_output(0)
+    return (out, None, None) if "native" in str(node.target) else out
+
+

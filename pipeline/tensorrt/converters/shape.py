@@ -1,0 +1,233 @@
+"""Converters that move data without arithmetic: view/reshape, permute, transpose, expand,
+squeeze/unsqueeze, flatten, cat, slice, select, pixel_shuffle, and symbolic sizes."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from pipeline.tensorrt.context import ConversionContext
+from pipeline.tensorrt.converters import _validators as v
+from pipeline.tensorrt.converters._layers import elementwise, ew_ops, norm_dim, out_val, unsqueeze_to
+from pipeline.tensorrt.converters.registry import converter
+
+aten = torch.ops.aten
+Node = torch.fx.Node
+_INT64_MAX = 2**63 - 1
+
+
+def _static_shape(node: Node) -> tuple[int, ...] | None:
+    shape = out_val(node).shape
+    return tuple(shape) if all(isinstance(d, int) for d in shape) else None
+
+
+def _reshape_to_node(ctx: ConversionContext, node: Node, x: Any, fallback: list[Any]) -> Any:
+    """Reshape to the node's output shape when static, else to `fallback` (ints and ITensors)."""
+    static = _static_shape(node)
+    target = list(static) if static is not None else fallback
+    layer = ctx.network.add_shuffle(x)
+    if static is not None or not any(hasattr(d, "shape") for d in target):
+        layer.reshape_dims = tuple(int(d) for d in target)
+    else:
+        layer.set_input(1, ctx.shape_tensor(target))
+    layer.zero_is_placeholder = False
+    return layer.get_output(0)
+
+
+@converter(aten.view.default, aten.view_copy.default, aten.reshape.default, aten._unsafe_view.default)
+def view(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _reshape_to_node(ctx, node, args[0], list(args[1]))
+
+
+@converter(aten.permute.default, aten.permute_copy.default)
+def permute(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    rank = len(args[0].shape)
+    layer = ctx.network.add_shuffle(args[0])
+    layer.first_transpose = tuple(norm_dim(int(d), rank) for d in args[1])
+    return layer.get_output(0)
+
+
+@converter(aten.transpose.int, aten.transpose_copy.int)
+def transpose(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    rank = len(args[0].shape)
+    perm = list(range(rank))
+    a, b = norm_dim(args[1], rank), norm_dim(args[2], rank)
+    perm[a], perm[b] = perm[b], perm[a]
+    layer = ctx.network.add_shuffle(args[0])
+    layer.first_transpose = tuple(perm)
+    return layer.get_output(0)
+
+
+@converter(aten.t.default, aten.t_copy.default, validator=v.rank_between(0, 2))
+def t(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if len(args[0].shape) < 2:
+        return args[0]
+    layer = ctx.network.add_shuffle(args[0])
+    layer.first_transpose = (1, 0)
+    return layer.get_output(0)
+
+
+@converter(aten.expand.default, aten.expand_copy.default)
+def expand(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    sizes = list(args[1])
+    x = unsqueeze_to(ctx, args[0], len(sizes))
+    in_dims = ctx.dims(x)
+    target = [in_dims[i] if (isinstance(s, int) and s == -1) else s for i, s in enumerate(sizes)]
+    strides = [1 if (isinstance(d, int) and d != 1) else 0 for d in x.shape]
+    # A dynamic input dim is never broadcast (torch requires it to equal the target or be 1).
+    strides = [1 if d < 0 else s for d, s in zip(x.shape, strides)]
+    static = _static_shape(node)
+    layer = ctx.network.add_slice(x, (0,) * len(sizes), static or (1,) * len(sizes), tuple(strides))
+    if static is None:
+        layer.set_input(2, ctx.shape_tensor(target))
+    return layer.get_output(0)
+
+
+def _squeezed(node: Node) -> list[int]:
+    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
+    rank = len(shape)
+    dim_arg = v.arg(node, 1, "dim")
+    if dim_arg is None:
+        chosen = range(rank)
+    else:
+        chosen = [norm_dim(int(d), rank) for d in (dim_arg if isinstance(dim_arg, (list, tuple)) else [dim_arg])]
+    return [d for d in chosen if isinstance(shape[d], int) and shape[d] == 1]
+
+
+@converter(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims,
+           aten.squeeze_copy.default)
+def squeeze(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    drop = set(_squeezed(node))
+    keep = [d for i, d in enumerate(ctx.dims(args[0])) if i not in drop]
+    return _reshape_to_node(ctx, node, args[0], keep)
+
+
+@converter(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+def unsqueeze(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    sizes = ctx.dims(args[0])
+    sizes.insert(norm_dim(int(args[1]), len(sizes) + 1), 1)
+    return _reshape_to_node(ctx, node, args[0], sizes)
+
+
+@converter(aten.flatten.using_ints)
+def flatten(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    rank = len(x.shape)
+    if rank == 0:
+        return ctx.reshape(x, (1,))
+    start = norm_dim(int(v.arg(node, 1, "start_dim", 0)), rank)
+    end = norm_dim(int(v.arg(node, 2, "end_dim", -1)), rank)
+    sizes = ctx.dims(x)
+    return _reshape_to_node(ctx, node, x, sizes[:start] + [-1] + sizes[end + 1 :])
+
+
+@converter(aten.cat.default, validator=v.NUMERIC)
+def cat(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    dtype = ctx.node_dtype(node)
+    parts = [ctx.cast(t, dtype) for t, n in zip(args[0], node.args[0]) if 0 not in tuple(n.meta["val"].shape)]  # type: ignore[union-attr]
+    rank = max(len(p.shape) for p in parts)
+    layer = ctx.network.add_concatenation(parts)
+    layer.axis = norm_dim(int(v.arg(node, 1, "dim", 0)), rank)
+    return layer.get_output(0)
+
+
+def _slice_ok(node: Node, spec: Any) -> str | None:
+    step = v.arg(node, 4, "step", 1)
+    if not isinstance(step, int) or step < 1:
+        return f"slice step {step!r} must be a positive constant"
+    return v.NUMERIC(node, spec)
+
+
+_PY_INT_OPS = {"SUM": operator.add, "SUB": operator.sub, "PROD": operator.mul, "MIN": min, "MAX": max,
+               "FLOOR_DIV": operator.floordiv}
+
+
+def _int_expr(ctx: ConversionContext, a: Any, b: Any, op: str) -> Any:
+    if isinstance(a, int) and isinstance(b, int):
+        return _PY_INT_OPS[op](a, b)
+    x = ctx.tensor(a, dtype=torch.int64) if not isinstance(a, int) else ctx.constant(torch.tensor(a), torch.int64)
+    y = ctx.tensor(b, dtype=torch.int64) if not isinstance(b, int) else ctx.constant(torch.tensor(b), torch.int64)
+    return elementwise(ctx, getattr(ew_ops(), op), x, y)
+
+
+@converter(aten.slice.Tensor, aten.slice_copy.Tensor, validator=_slice_ok)
+def slice_(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    rank = len(x.shape)
+    axis = norm_dim(int(v.arg(node, 1, "dim", 0)), rank)
+    start, end, step = v.arg(node, 2, "start", None), v.arg(node, 3, "end", None), int(v.arg(node, 4, "step", 1))
+    sizes = ctx.dims(x)
+    size = sizes[axis]
+    start = _clip(ctx, 0 if start is None else start, size)
+    end = _clip(ctx, size if end is None or (isinstance(end, int) and end >= _INT64_MAX) else end, size)
+    count = _int_expr(ctx, _int_expr(ctx, _int_expr(ctx, end, start, "SUB"), step - 1, "SUM"), step, "FLOOR_DIV")
+    count = _int_expr(ctx, count, 0, "MAX")
+    starts = [0] * rank
+    starts[axis] = start
+    sizes[axis] = count
+    strides = [1] * rank
+    strides[axis] = step
+    return _slice_layer(ctx, x, starts, sizes, strides)
+
+
+def _clip(ctx: ConversionContext, index: Any, size: Any) -> Any:
+    """torch's slice index semantics: negative counts from the end, then clamp to [0, size]."""
+    if isinstance(index, int) and index < 0:
+        index = _int_expr(ctx, size, index, "SUM")
+    return _int_expr(ctx, _int_expr(ctx, index, size, "MIN"), 0, "MAX")
+
+
+def _slice_layer(ctx: ConversionContext, x: Any, starts: list[Any], sizes: list[Any], strides: list[int]) -> Any:
+    static = all(isinstance(s, int) for s in starts + sizes)
+    rank = len(starts)
+    layer = ctx.network.add_slice(x, tuple(starts) if static else (0,) * rank, tuple(sizes) if static else (1,) * rank,
+                                  tuple(strides))
+    if not static:
+        layer.set_input(1, ctx.shape_tensor(starts))
+        layer.set_input(2, ctx.shape_tensor(sizes))
+    return layer.get_output(0)
+
+
+@converter(aten.select.int, aten.select_copy.int)
+def select(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    axis = norm_dim(int(args[1]), len(x.shape))
+    index = args[2]
+    if isinstance(index, int) and index < 0:
+        index = _int_expr(ctx, ctx.dims(x)[axis], index, "SUM")
+    idx = ctx.constant(torch.tensor(index, dtype=torch.int64), torch.int64) if isinstance(index, int) else ctx.tensor(index, dtype=torch.int64)
+    return ctx.network.add_gather(x, idx, axis).get_output(0)
+
+
+def _pixel_shuffle_ok(node: Node, spec: Any) -> str | None:
+    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
+    if len(shape) != 4 or not all(isinstance(d, int) for d in shape[1:]):
+        return "pixel_shuffle needs a 4-D input with static C, H, W"
+    return None
+
+
+@converter(aten.pixel_shuffle.default, validator=_pixel_shuffle_ok)
+def pixel_shuffle(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, r = args[0], int(args[1])
+    _, c, h, w = x.shape
+    batch = ctx.dims(x)[0]
+    split = ctx.reshape(x, [batch, c // (r * r), r, r, h, w])
+    layer = ctx.network.add_shuffle(split)
+    layer.first_transpose = (0, 1, 4, 2, 5, 3)
+    return ctx.reshape(layer.get_output(0), [batch, c // (r * r), h * r, w * r])
+
+
+# ---- symbolic sizes (dynamic shapes) -----------------------------------------------------------
+@converter(aten.sym_size.int)
+def sym_size(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return ctx.dim_of(args[0], norm_dim(int(args[1]), len(args[0].shape)))
+
+
+_SYM_OPS = {operator.add: "SUM", operator.sub: "SUB", operator.mul: "PROD", operator.floordiv: "FLOOR_DIV"}
+
+
+@converter(*_SYM_OPS)
+def sym_arith(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _int_expr(ctx, args[0], args[1], _SYM_OPS[node.target])  # type: ignore[index]

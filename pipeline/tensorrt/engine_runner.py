@@ -1,0 +1,102 @@
+"""Run a serialized TensorRT engine on PyTorch CUDA tensors (the GPU side of every numerical
+check, the runtime's delegate executor, and the benchmark's raw-engine timing)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pipeline.errors import RuntimeUnavailableError
+from pipeline.tensorrt.blob import IOBinding
+from pipeline.tensorrt.network import dtype_from_name
+from pipeline.tensorrt.trt_api import flavour, trt
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Engine execution options.
+
+    Attributes:
+        cuda_graph: TensorRT-RTX captures the whole engine in a CUDA graph on first run.
+        runtime_cache_path: TensorRT-RTX persistent cache of just-in-time compiled kernels.
+    """
+
+    cuda_graph: bool = False
+    runtime_cache_path: str | None = None
+
+
+def cuda_ready() -> bool:
+    """True when CUDA is usable and TensorRT imports."""
+    from pipeline.tensorrt.trt_api import available
+
+    return torch.cuda.is_available() and available()
+
+
+class EngineRunner:
+    """Executes one engine; inputs in delegate-argument order, outputs in binding order.
+
+    Raises:
+        RuntimeUnavailableError: no CUDA device, or the engine cannot be deserialized.
+    """
+
+    def __init__(self, engine: bytes, bindings: Sequence[IOBinding], options: RuntimeOptions | None = None,
+                 stream: torch.cuda.Stream | None = None) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeUnavailableError("running a TensorRT engine needs a CUDA GPU; none is visible to PyTorch")
+        t = trt()
+        self.options = options or RuntimeOptions()
+        self._logger = t.Logger(t.Logger.WARNING)
+        self._runtime = t.Runtime(self._logger)
+        self.engine = self._runtime.deserialize_cuda_engine(engine)
+        if self.engine is None:
+            raise RuntimeUnavailableError(f"{flavour().module} could not deserialize the engine (built by another version?)")
+        self._runtime_cache: Any = None
+        self.context = self._make_context(t)
+        self.inputs = [b for b in bindings if b.is_input]
+        self.outputs = [b for b in bindings if not b.is_input]
+        self.stream = stream or torch.cuda.current_stream()
+
+    def _make_context(self, t: Any) -> Any:
+        if not hasattr(self.engine, "create_runtime_config"):
+            return self.engine.create_execution_context()
+        config = self.engine.create_runtime_config()
+        if self.options.cuda_graph:
+            config.cuda_graph_strategy = t.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        if self.options.runtime_cache_path:
+            cache = config.create_runtime_cache()
+            try:
+                with open(self.options.runtime_cache_path, "rb") as f:
+                    cache.deserialize(f.read())
+            except FileNotFoundError:
+                pass
+            config.set_runtime_cache(cache)
+            self._runtime_cache = cache
+        return self.engine.create_execution_context(config)
+
+    def save_runtime_cache(self) -> None:
+        """Write the just-in-time kernel cache (TensorRT-RTX) to `runtime_cache_path`."""
+        if self._runtime_cache is not None and self.options.runtime_cache_path:
+            with open(self.options.runtime_cache_path, "wb") as f:
+                f.write(bytes(self._runtime_cache.serialize()))
+
+    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        if len(args) != len(self.inputs):
+            raise ValueError(f"engine takes {len(self.inputs)} inputs, got {len(args)}")
+        keep = []
+        for binding, tensor in zip(self.inputs, args):
+            x = tensor.to(device="cuda", dtype=dtype_from_name(binding.dtype)).contiguous()
+            keep.append(x)
+            self.context.set_input_shape(binding.name, tuple(x.shape))
+            self.context.set_tensor_address(binding.name, x.data_ptr())
+        outs = []
+        for binding in self.outputs:
+            shape = tuple(self.context.get_tensor_shape(binding.name))
+            out = torch.empty(shape, dtype=dtype_from_name(binding.dtype), device="cuda")
+            self.context.set_tensor_address(binding.name, out.data_ptr())
+            outs.append(out)
+        if not self.context.execute_async_v3(self.stream.cuda_stream):
+            raise RuntimeUnavailableError("TensorRT failed to execute the engine (see the TensorRT log)")
+        return outs

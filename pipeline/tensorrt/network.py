@@ -1,0 +1,163 @@
+"""Turn an ATen/Edge `ExportedProgram` into a TensorRT network through the converter registry
+(never through ONNX): inputs, constants, one converter call per node, outputs, and the
+optimization-profile ranges of every dynamic input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from pipeline.errors import CompileSpecError, UnsupportedOperatorError
+from pipeline.tensorrt.blob import IOBinding
+from pipeline.tensorrt.compile_spec import DimRange, TensorRTCompileSpec
+from pipeline.tensorrt.context import FLOATS, ConversionContext, torch_to_trt
+from pipeline.tensorrt.converters.registry import lookup
+from pipeline.tensorrt.support import refusal_reason
+from pipeline.tensorrt.trt_api import trt
+
+ShapeRange = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass
+class NetworkDefinition:
+    """A populated TensorRT network and what the engine's callers need to know about it."""
+
+    network: Any
+    ctx: ConversionContext
+    bindings: tuple[IOBinding, ...]
+    profile: dict[str, ShapeRange]
+
+
+def define_network(builder: Any, program: ExportedProgram, spec: TensorRTCompileSpec) -> NetworkDefinition:
+    """Populate a strongly typed TensorRT network from `program`.
+
+    Raises:
+        UnsupportedOperatorError: a node has no converter or its capability check refuses it.
+        CompileSpecError: a dynamic dim has no finite range.
+    """
+    t = trt()
+    network = builder.create_network(1 << int(t.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    ctx = ConversionContext(network, spec)
+    bindings: list[IOBinding] = []
+    profile: dict[str, ShapeRange] = {}
+    sources = _input_sources(program)
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            ctx.values[node] = _placeholder(ctx, node, sources, bindings, profile)
+        elif node.op == "call_function":
+            ctx.values[node] = _convert(ctx, node)
+        elif node.op == "output":
+            _mark_outputs(ctx, node, bindings)
+    return NetworkDefinition(network, ctx, tuple(bindings), profile)
+
+
+def _input_sources(program: ExportedProgram) -> dict[str, torch.Tensor | None]:
+    """Placeholder name -> constant tensor for parameters/buffers/constants, None for user inputs."""
+    out: dict[str, torch.Tensor | None] = {}
+    for spec in program.graph_signature.input_specs:
+        name = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            out[name] = None
+        elif spec.target in program.state_dict:
+            out[name] = program.state_dict[spec.target]
+        elif spec.target in program.constants:
+            out[name] = program.constants[spec.target]  # type: ignore[assignment]
+        else:
+            raise UnsupportedOperatorError(f"input {name!r} ({spec.kind.name}) has no value in the program")
+    return out
+
+
+def _placeholder(ctx: ConversionContext, node: torch.fx.Node, sources: dict[str, Any], bindings: list[IOBinding],
+                 profile: dict[str, ShapeRange]) -> Any:
+    value = sources.get(node.name)
+    if value is not None:
+        return ctx.constant(value)
+    val = node.meta["val"]
+    if not isinstance(val, torch.Tensor):
+        raise UnsupportedOperatorError(f"input {node.name!r} is a {type(val).__name__}; engines take tensors only")
+    ranges = [_dim_range(d, ctx.spec, node.name, i) for i, d in enumerate(val.shape)]
+    shape = tuple(-1 if lo != hi else lo for lo, _, hi in ranges)
+    tensor = ctx.network.add_input(node.name, torch_to_trt(val.dtype), shape)
+    bindings.append(IOBinding(node.name, _dtype_name(val.dtype), shape, True))
+    if -1 in shape:
+        profile[node.name] = tuple(tuple(int(r[k]) for r in ranges) for k in range(3))  # type: ignore[assignment]
+    return ctx.cast(tensor, ctx.compute(val.dtype))
+
+
+def _dim_range(dim: Any, spec: TensorRTCompileSpec, name: str, index: int) -> DimRange:
+    if isinstance(dim, int):
+        return (dim, dim, dim)
+    expr = dim.node.expr
+    env = dim.node.shape_env
+    bounds = {}
+    for sym in expr.free_symbols:
+        bounds[sym] = _symbol_range(sym, env, spec, name, index)
+    lo, opt, hi = (int(expr.subs({s: b[k] for s, b in bounds.items()})) for k in range(3))
+    return (lo, opt, hi)
+
+
+def _symbol_range(sym: sympy.Symbol, env: Any, spec: TensorRTCompileSpec, name: str, index: int) -> tuple[int, int, int]:
+    given = spec.symbol_ranges.get(str(sym))
+    vr = env.var_to_range.get(sym)
+    lo = given[0] if given else int(vr.lower)
+    hi = given[2] if given else vr.upper
+    if not given and (not vr.upper.is_finite if hasattr(vr.upper, "is_finite") else False):
+        raise CompileSpecError(
+            f"input {name!r} dim {index} ({sym}) has no upper bound; give torch.export Dim a max= or set "
+            f"compile dynamic_shapes for that input to [min, opt, max]"
+        )
+    hi = int(hi)
+    hint = env.var_to_val.get(sym)
+    opt = given[1] if given and given[1] is not None else (int(hint) if hint is not None else hi)
+    return (int(lo), min(max(int(opt), int(lo)), hi), hi)
+
+
+def _convert(ctx: ConversionContext, node: torch.fx.Node) -> Any:
+    if getattr(node.target, "__name__", "") == "getitem":
+        source = ctx.values[node.args[0]]  # type: ignore[index]
+        return source[node.args[1]]  # type: ignore[index]
+    record = lookup(node.target)
+    reason = refusal_reason(node, ctx.spec)
+    if record is None or reason:
+        raise UnsupportedOperatorError(f"cannot convert node {node.name} ({node.target}): {reason}")
+    args = torch.fx.node.map_arg(node.args, lambda n: ctx.values[n])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: ctx.values[n])
+    return record.impl(ctx, node, tuple(args), dict(kwargs))
+
+
+def _mark_outputs(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IOBinding]) -> None:
+    marked: set[int] = set()
+    for i, arg in enumerate(node.args[0]):  # type: ignore[arg-type]
+        if not isinstance(arg, torch.fx.Node) or not isinstance(arg.meta.get("val"), torch.Tensor):
+            raise UnsupportedOperatorError(f"engine output {i} is {arg!r}; engines return tensors only")
+        val = arg.meta["val"]
+        tensor = ctx.values[arg]
+        if not hasattr(tensor, "shape"):  # a python scalar from symbolic-int arithmetic
+            raise UnsupportedOperatorError(f"engine output {i} ({arg.name}) is not a tensor")
+        if val.dtype in FLOATS or tensor.dtype != torch_to_trt(val.dtype):
+            tensor = ctx.cast(tensor, val.dtype)
+        if tensor.is_network_input or id(tensor) in marked or tensor.is_network_output:
+            tensor = ctx.network.add_identity(tensor).get_output(0)
+        name = f"output_{i}"
+        tensor.name = name
+        ctx.network.mark_output(tensor)
+        marked.add(id(tensor))
+        shape = tuple(d if isinstance(d, int) else -1 for d in val.shape)
+        bindings.append(IOBinding(name, _dtype_name(val.dtype), shape, False))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """Inverse of the dtype names in blob bindings."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CompileSpecError(f"unknown dtype name {name!r} in engine bindings")
+    return dtype

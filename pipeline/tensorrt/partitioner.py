@@ -1,0 +1,127 @@
+"""`TensorRTPartitioner`: claims maximal connected subgraphs of nodes the registry supports,
+drops those below `min_block_size`, and leaves the rest to the next partitioner in the chain."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.backend.utils import tag_constant_data
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+from pipeline.errors import CompileSpecError
+from pipeline.tensorrt import backend as _backend  # noqa: F401  (ExecuTorch finds TensorRTBackend by subclass)
+from pipeline.tensorrt.blob import BACKEND_ID
+from pipeline.tensorrt.compile_spec import DimRange, TensorRTCompileSpec
+from pipeline.tensorrt.converters.registry import SYMINT_BUILTINS, aten_op, supported_ops
+from pipeline.tensorrt.support import TensorRTOperatorSupport, refusal_reason
+
+
+@dataclass
+class PartitionRecord:
+    """What one `partition()` call decided: claimed nodes per tag, refused nodes with reasons."""
+
+    claimed: dict[str, list[str]] = field(default_factory=dict)
+    refused: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+class TensorRTPartitioner(Partitioner):
+    """ExecuTorch partitioner for TensorRT.
+
+    Args:
+        spec: the compile spec every engine of this partitioner is built with.
+    """
+
+    def __init__(self, spec: TensorRTCompileSpec | None = None) -> None:
+        self.compile_spec = spec or TensorRTCompileSpec()
+        super().__init__()
+        self.delegation_spec = DelegationSpec(BACKEND_ID, self.compile_spec.to_compile_specs())
+        self.record = PartitionRecord()
+
+    def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[Any], Any]:
+        """Ops with a converter that the default decomposition would otherwise break up."""
+        from executorch.exir.tracer import _default_decomposition_table
+
+        table = _default_decomposition_table()
+        keep = [op for op in supported_ops() if op in table and not _is_view(op)]
+        return keep, lambda node: refusal_reason(node, self.compile_spec) is None
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        """Tag TensorRT partitions of `exported_program` (Edge dialect)."""
+        graph_module = exported_program.graph_module
+        support = TensorRTOperatorSupport(self.compile_spec)
+        proposals = CapabilityBasedPartitioner(graph_module, support, allows_single_node_partition=True).propose_partitions()
+        ranges = symbol_ranges(exported_program, self.compile_spec)
+        spec = self.compile_spec.with_symbol_ranges(ranges)
+        order = {n: i for i, n in enumerate(graph_module.graph.nodes)}
+        by_name = {n.name: n for n in order}
+        tags: dict[str, DelegationSpec] = {}
+        record = PartitionRecord()
+        record.refused = {name: {"op": _name(by_name[name].target), "reason": why} for name, why in support.refused.items()}
+        for partition in sorted(proposals, key=lambda p: min(order[n] for n in p.nodes)):
+            nodes = sorted(partition.nodes, key=order.__getitem__)
+            compute = [n for n in nodes if is_compute(n)]
+            if len(compute) < self.compile_spec.min_block_size:
+                why = f"in a block of {len(compute)} compute node(s), below min_block_size={self.compile_spec.min_block_size}"
+                for n in compute:
+                    record.refused[n.name] = {"op": _name(n.target), "reason": why}
+                continue
+            tag = f"tensorrt_{len(tags)}"
+            for n in nodes:
+                n.meta["delegation_tag"] = tag
+            tags[tag] = DelegationSpec(BACKEND_ID, spec.to_compile_specs())
+            record.claimed[tag] = [n.name for n in compute]
+        tag_constant_data(exported_program)
+        self.record = record
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+
+def is_compute(node: torch.fx.Node) -> bool:
+    """A node that does work (not getitem, not symbolic-int arithmetic)."""
+    return node.op == "call_function" and node.target is not operator.getitem and node.target not in SYMINT_BUILTINS and (
+        aten_op(node.target) is not torch.ops.aten.sym_size.int
+    )
+
+
+def symbol_ranges(program: ExportedProgram, spec: TensorRTCompileSpec) -> dict[str, DimRange]:
+    """Translate `spec.dynamic_shapes` (program input name -> dim -> range) into symbol ranges.
+
+    Raises:
+        CompileSpecError: an input name that is not a program input, a dim that is out of range
+            or static in the program.
+    """
+    if not spec.dynamic_shapes:
+        return {}
+    inputs = {s.arg.name: s for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    out: dict[str, DimRange] = {}
+    for name, dims in spec.dynamic_shapes.items():
+        if name not in inputs:
+            raise CompileSpecError(
+                f"compile dynamic_shapes names input {name!r}, but the program's inputs are {sorted(inputs)}"
+            )
+        shape = nodes[name].meta["val"].shape
+        for dim, rng in dims.items():
+            if dim >= len(shape):
+                raise CompileSpecError(f"dynamic_shapes[{name!r}][{dim}]: input {name!r} has only {len(shape)} dims")
+            size = shape[dim]
+            if isinstance(size, int):
+                raise CompileSpecError(
+                    f"dynamic_shapes[{name!r}][{dim}]: that dim is static ({size}) in the exported program; "
+                    "export it with a torch.export.Dim to make it dynamic"
+                )
+            out[str(size.node.expr)] = rng
+    return out
+
+
+def _is_view(op: Any) -> bool:
+    return any(a.alias_info is not None for a in op._schema.returns)
+
+
+def _name(target: Any) -> str:
+    return str(aten_op(target)).split(":")[0]

@@ -1,0 +1,71 @@
+"""The lowering report of a program: per method, the nodes TensorRT claimed, the nodes left over
+with the reason each was refused, and every delegate (engines with bytes and build seconds)."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+from executorch.exir.lowered_backend_module import LoweredBackendModule
+from torch.export import ExportedProgram
+
+from pipeline.tensorrt import blob
+from pipeline.tensorrt.converters.registry import aten_op
+from pipeline.tensorrt.partitioner import PartitionRecord
+
+
+def delegates(program: ExportedProgram) -> list[LoweredBackendModule]:
+    """The lowered backend modules a program calls, in call order."""
+    gm = program.graph_module
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "executorch_call_delegate" in str(node.target):
+            out.append(getattr(gm, node.args[0].target))
+    return out
+
+
+def engine_entry(module: LoweredBackendModule) -> dict[str, Any]:
+    """Report entry for one delegate: backend, bytes, and for TensorRT the engine and its build."""
+    entry: dict[str, Any] = {"backend": module.backend_id, "blob_bytes": len(module.processed_bytes)}
+    if module.backend_id == blob.BACKEND_ID:
+        meta, engine = blob.decode(module.processed_bytes)
+        info = module.meta.get("_delegate_info_meta") or {}
+        entry.update(
+            engine_bytes=len(engine),
+            build_seconds=round(float(info.get("build_seconds", float("nan"))), 4),
+            num_layers=info.get("num_layers"),
+            inputs=[{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in meta.inputs],
+            outputs=[{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in meta.outputs],
+        )
+    return entry
+
+
+def method_report(program: ExportedProgram, record: PartitionRecord | None) -> dict[str, Any]:
+    """Report of one lowered method."""
+    record = record or PartitionRecord()
+    entries = [engine_entry(m) for m in delegates(program)]
+    left = []
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem or "executorch_call_delegate" in str(node.target):
+            continue
+        reason = record.refused.get(node.name, {}).get("reason", "not offered to TensorRT (added after partitioning)")
+        left.append({"node": node.name, "op": str(aten_op(node.target)).split(":")[0], "reason": reason})
+    trt_entries = [e for e in entries if e["backend"] == blob.BACKEND_ID]
+    return {
+        "claimed_by_tensorrt": sum(len(v) for v in record.claimed.values()),
+        "claimed_nodes": {tag: nodes for tag, nodes in record.claimed.items()},
+        "left_over": left,
+        "other_delegates": [e for e in entries if e["backend"] != blob.BACKEND_ID],
+        "num_engines": len(trt_entries),
+        "engine_bytes": sum(e["engine_bytes"] for e in trt_entries),
+        "build_seconds": round(sum(e["build_seconds"] for e in trt_entries), 4),
+        "engines": trt_entries,
+    }
+
+
+def lowering_report(programs: Mapping[str, ExportedProgram], records: Mapping[str, PartitionRecord]) -> dict[str, Any]:
+    """Report of every method of a lowered program (e.g. `edge._edge_programs`)."""
+    return {name: method_report(ep, records.get(name)) for name, ep in programs.items()}
+
+

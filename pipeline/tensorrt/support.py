@@ -1,0 +1,73 @@
+"""Operator support: whether TensorRT can take a node, and why not. Derived from the converter
+registry alone (its records and their capability validators)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.converters.registry import lookup
+
+_ENGINE_DTYPES = frozenset(
+    {torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.int8, torch.uint8}
+)
+
+
+def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None:
+    """Why TensorRT cannot take `node` (a sentence), or None when it can."""
+    if node.op != "call_function":
+        return f"{node.op} nodes are not operators"
+    if node.target is operator.getitem:
+        return None
+    record = lookup(node.target)
+    if record is None:
+        return f"no TensorRT converter for {_op_name(node.target)}"
+    for value in _tensor_values(node):
+        if value.dtype not in _ENGINE_DTYPES:
+            return f"dtype {value.dtype} is not supported by TensorRT"
+    if not record.dynamic and any(_is_dynamic(v) for v in _tensor_values(node)):
+        return "the converter handles static shapes only"
+    if record.validator is not None:
+        reason = record.validator(node, spec)
+        if reason:
+            return reason
+    return None
+
+
+def _op_name(target: Any) -> str:
+    return str(getattr(target, "_op", target)).split(":")[0]
+
+
+def _tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    out = node.meta.get("val")
+    vals.extend(out if isinstance(out, (tuple, list)) else [out])
+    return [v for v in vals if isinstance(v, torch.Tensor)]
+
+
+def _is_dynamic(value: torch.Tensor) -> bool:
+    return any(not isinstance(d, int) for d in value.shape)
+
+
+class TensorRTOperatorSupport(OperatorSupportBase):
+    """torch.fx operator support backed by the registry; records every refusal with its reason."""
+
+    def __init__(self, spec: TensorRTCompileSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.refused: dict[str, str] = {}
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        if node.op != "call_function":
+            return False
+        if node.target is operator.getitem:
+            return isinstance(node.args[0], torch.fx.Node) and self.is_node_supported(submodules, node.args[0])
+        reason = refusal_reason(node, self.spec)
+        if reason:
+            self.refused[node.name] = reason
+            return False
+        return True

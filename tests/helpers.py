@@ -1,0 +1,121 @@
+"""Shared test helpers: lower a module through TensorRT for real, check what was delegated, and
+(on a machine with CUDA and TensorRT) run the engine and compare with eager PyTorch."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
+
+from pipeline.tensorrt import blob
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.engine_runner import EngineRunner, cuda_ready
+from pipeline.tensorrt.partitioner import TensorRTPartitioner
+from pipeline.tensorrt.report import delegates
+
+# Tolerance per precision, relative to the reference's largest magnitude (documented in README).
+TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 6e-2}
+GPU = cuda_ready()
+gpu = pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+
+
+def lower(module: torch.nn.Module, inputs: Sequence[Any], spec: TensorRTCompileSpec | None = None,
+          after: Sequence[Any] = (), dynamic_shapes: Any = None) -> tuple[EdgeProgramManager, TensorRTPartitioner]:
+    """Export and lower `module` with TensorRT first, then `after` partitioners."""
+    ep = torch.export.export(module.eval(), tuple(inputs), dynamic_shapes=dynamic_shapes)
+    partitioner = TensorRTPartitioner(spec)
+    edge = to_edge_transform_and_lower(
+        ep, partitioner=[partitioner, *after], compile_config=EdgeCompileConfig(_check_ir_validity=False)
+    )
+    return edge, partitioner
+
+
+def leftover_ops(edge: EdgeProgramManager, method: str = "forward") -> list[str]:
+    """Compute nodes that no delegate took."""
+    graph = edge.exported_program(method).graph
+    return [
+        str(n.target) for n in graph.nodes
+        if n.op == "call_function" and n.target is not operator.getitem and "executorch_call_delegate" not in str(n.target)
+    ]
+
+
+def tensorrt_blobs(edge: EdgeProgramManager, method: str = "forward") -> list[bytes]:
+    return [m.processed_bytes for m in delegates(edge.exported_program(method)) if m.backend_id == blob.BACKEND_ID]
+
+
+def assert_not_degenerate(ref: torch.Tensor) -> None:
+    """A reference that is all zeros or constant proves nothing."""
+    if ref.dtype == torch.bool:
+        assert ref.any() and not ref.all(), "boolean reference is constant"
+        return
+    r = ref.double()
+    assert torch.isfinite(r).all(), "reference has non-finite values"
+    assert r.abs().max() > 1e-3, f"reference is ~0 (max |x| = {r.abs().max():.2e})"
+    if r.numel() > 1:
+        assert r.std() > 1e-4 * r.abs().max(), "reference is constant"
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, precision: str) -> None:
+    """Compare at the tolerance stated for `precision`, scaled by the reference's magnitude."""
+    assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    if ref.dtype == torch.bool or not ref.is_floating_point():
+        assert torch.equal(out.cpu(), ref.cpu())
+        return
+    tol = TOLERANCE[precision]
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), atol=tol * scale, rtol=tol)
+
+
+def run_engines(edge: EdgeProgramManager, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Run the single TensorRT engine of `forward` on the GPU."""
+    (payload,) = tensorrt_blobs(edge)
+    meta, engine = blob.decode(payload)
+    runner = EngineRunner(engine, meta.io_bindings)
+    out = runner(*[x for x in inputs if isinstance(x, torch.Tensor)])
+    torch.cuda.synchronize()
+    return out
+
+
+def check_converter(module: torch.nn.Module, inputs: Sequence[Any], precision: str = "fp32",
+                    dynamic_shapes: Any = None, **spec: Any) -> EdgeProgramManager:
+    """Lower a one-op model: everything in one engine, blob parses; on a GPU, numerics match eager."""
+    torch.manual_seed(0)
+    spec.setdefault("allow_tf32", False)
+    edge, _ = lower(module, inputs, TensorRTCompileSpec(precision=precision, **spec), dynamic_shapes=dynamic_shapes)
+    assert leftover_ops(edge) == [], f"not delegated: {leftover_ops(edge)}"
+    blobs = tensorrt_blobs(edge)
+    assert len(blobs) == 1
+    meta, engine = blob.decode(blobs[0])
+    assert len(engine) > 0 and meta.outputs
+    if GPU:
+        with torch.no_grad():
+            ref = module(*inputs)
+        refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+        outs = run_engines(edge, inputs)
+        for o, r in zip(outs, refs):
+            assert_not_degenerate(r)
+            assert_close(o, r, precision)
+    return edge
+
+
+def refusal(module: torch.nn.Module, inputs: Sequence[Any], **spec: Any) -> dict[str, str]:
+    """Lower with TensorRT only; return {op: reason} of the nodes TensorRT refused."""
+    edge, partitioner = lower(module, inputs, TensorRTCompileSpec(**spec))
+    return {v["op"]: v["reason"] for v in partitioner.record.refused.values()}
+
+
+class Fn(torch.nn.Module):
+    """A one-op model around a function; `params` become parameters (weights) of the model."""
+
+    def __init__(self, fn: Any, **params: torch.Tensor) -> None:
+        super().__init__()
+        self.fn = fn
+        for name, value in params.items():
+            self.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
+
+    def forward(self, *xs: Any) -> Any:
+        return self.fn(self, *xs)

@@ -1,0 +1,44 @@
+"""Convolution converter: groups/depthwise, stride, padding, dilation, bias, transposed, 3-D."""
+
+import pytest
+import torch
+
+from tests.helpers import check_converter, refusal
+
+torch.manual_seed(0)
+X = torch.randn(2, 8, 16, 16)
+
+CASES = {
+    "plain": torch.nn.Conv2d(8, 4, 3),
+    "stride_padding": torch.nn.Conv2d(8, 6, 3, stride=2, padding=1),
+    "dilation": torch.nn.Conv2d(8, 6, 3, dilation=2, padding=2),
+    "groups": torch.nn.Conv2d(8, 4, 3, groups=2, padding=1),
+    "depthwise": torch.nn.Conv2d(8, 8, 3, groups=8, padding=1),
+    "no_bias": torch.nn.Conv2d(8, 4, 1, bias=False),
+    "asymmetric": torch.nn.Conv2d(8, 4, (3, 1), stride=(2, 1), padding=(1, 0)),
+    "transposed": torch.nn.ConvTranspose2d(8, 4, 2, stride=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_builds_engine(name: str) -> None:
+    check_converter(CASES[name], (X,))
+
+
+def test_conv3d() -> None:
+    check_converter(torch.nn.Conv3d(2, 3, 3, padding=1), (torch.randn(1, 2, 6, 6, 6),))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_honours_precision(precision: str) -> None:
+    check_converter(torch.nn.Conv2d(8, 4, 3, padding=1), (X,), precision=precision)
+
+
+def test_refuses_1d_convolution() -> None:
+    reasons = refusal(torch.nn.Conv1d(4, 4, 3), (torch.randn(1, 4, 10),))
+    assert "2-D and 3-D" in reasons["aten.convolution.default"]
+
+
+def test_refuses_transposed_output_padding() -> None:
+    reasons = refusal(torch.nn.ConvTranspose2d(8, 4, 3, stride=2, output_padding=1), (X,))
+    assert "output_padding" in reasons["aten.convolution.default"]
