@@ -86,12 +86,20 @@ def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkD
     if spec.timing_cache_path:
         data = Path(spec.timing_cache_path).read_bytes() if os.path.exists(spec.timing_cache_path) else b""
         config.set_timing_cache(config.create_timing_cache(data), ignore_mismatch=False)
-    if definition.profile:
-        profile = builder.create_optimization_profile()
-        for name, (lo, opt, hi) in definition.profile.items():
-            profile.set_shape(name, lo, opt, hi)
+    profile = optimization_profile(builder, definition)
+    if profile is not None:
         config.add_optimization_profile(profile)
     return config
+
+
+def optimization_profile(builder: Any, definition: NetworkDefinition) -> Any:
+    """The optimization profile holding every dynamic input's [min, opt, max] shapes, or None."""
+    if not definition.profile:
+        return None
+    profile = builder.create_optimization_profile()
+    for name, (lo, opt, hi) in definition.profile.items():
+        profile.set_shape(name, lo, opt, hi)
+    return profile
 
 
 def compute_capability_enum(cap: str) -> Any:

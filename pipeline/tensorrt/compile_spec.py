@@ -143,7 +143,8 @@ def _validate(spec: TensorRTCompileSpec) -> None:
         major, _, minor = str(cap).partition(".")
         if not (major.isdigit() and minor.isdigit()):
             raise CompileSpecError(f"target_compute_capabilities entry {cap!r} must look like '8.9' (major.minor)")
-    for name, dims in [*spec.dynamic_shapes.items(), ("symbol_ranges", spec.symbol_ranges)]:
+    groups: list[tuple[str, Mapping[Any, DimRange]]] = [*spec.dynamic_shapes.items(), ("symbol_ranges", spec.symbol_ranges)]
+    for name, dims in groups:
         for dim, (lo, opt, hi) in dims.items():
             where = f"dynamic_shapes[{name!r}][{dim}]" if name != "symbol_ranges" else f"symbol_ranges[{dim!r}]"
             if lo < 0 or (isinstance(dim, int) and dim < 0):

@@ -52,6 +52,7 @@ class ConversionContext:
         self.spec = spec
         self.compute_dtype = _COMPUTE[spec.precision]
         self.values: dict[torch.fx.Node, Any] = {}
+        self.range_constraints: dict[Any, Any] = {}  # symbol -> value range of the program's dims
         self._keep: list[np.ndarray] = []  # TensorRT reads weights at build time, not at add time
 
     # ---- dtypes -------------------------------------------------------------------------------

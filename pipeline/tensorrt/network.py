@@ -46,6 +46,7 @@ def define_network(builder: Any, program: ExportedProgram, spec: TensorRTCompile
     bindings: list[IOBinding] = []
     profile: dict[str, ShapeRange] = {}
     sources = _input_sources(program)
+    ctx.range_constraints = dict(program.range_constraints)
     for node in program.graph.nodes:
         if node.op == "placeholder":
             ctx.values[node] = _placeholder(ctx, node, sources, bindings, profile)
@@ -80,30 +81,33 @@ def _placeholder(ctx: ConversionContext, node: torch.fx.Node, sources: dict[str,
     val = node.meta["val"]
     if not isinstance(val, torch.Tensor):
         raise UnsupportedOperatorError(f"input {node.name!r} is a {type(val).__name__}; engines take tensors only")
-    ranges = [_dim_range(d, ctx.spec, node.name, i) for i, d in enumerate(val.shape)]
+    ranges = [_dim_range(d, ctx, node.name, i) for i, d in enumerate(val.shape)]
     shape = tuple(-1 if lo != hi else lo for lo, _, hi in ranges)
+    opts = tuple(lo if opt is None else opt for lo, opt, _ in ranges)
     tensor = ctx.network.add_input(node.name, torch_to_trt(val.dtype), shape)
     bindings.append(IOBinding(node.name, _dtype_name(val.dtype), shape, True))
     if -1 in shape:
-        profile[node.name] = tuple(tuple(int(r[k]) for r in ranges) for k in range(3))  # type: ignore[assignment]
+        profile[node.name] = (tuple(r[0] for r in ranges), opts, tuple(r[2] for r in ranges))
     return ctx.cast(tensor, ctx.compute(val.dtype))
 
 
-def _dim_range(dim: Any, spec: TensorRTCompileSpec, name: str, index: int) -> DimRange:
+def _dim_range(dim: Any, ctx: ConversionContext, name: str, index: int) -> DimRange:
     if isinstance(dim, int):
         return (dim, dim, dim)
     expr = dim.node.expr
     env = dim.node.shape_env
     bounds = {}
     for sym in expr.free_symbols:
-        bounds[sym] = _symbol_range(sym, env, spec, name, index)
+        # The program's range constraints hold the user's Dim bounds (the shape env assumes >= 2).
+        vr = ctx.range_constraints.get(sym) or env.var_to_range.get(sym)
+        bounds[sym] = _symbol_range(sym, vr, env, ctx.spec, name, index)
     lo, opt, hi = (int(expr.subs({s: b[k] for s, b in bounds.items()})) for k in range(3))
     return (lo, opt, hi)
 
 
-def _symbol_range(sym: sympy.Symbol, env: Any, spec: TensorRTCompileSpec, name: str, index: int) -> tuple[int, int, int]:
+def _symbol_range(sym: sympy.Symbol, vr: Any, env: Any, spec: TensorRTCompileSpec, name: str,
+                  index: int) -> tuple[int, int, int]:
     given = spec.symbol_ranges.get(str(sym))
-    vr = env.var_to_range.get(sym)
     lo = given[0] if given else int(vr.lower)
     hi = given[2] if given else vr.upper
     if not given and (not vr.upper.is_finite if hasattr(vr.upper, "is_finite") else False):
@@ -112,7 +116,8 @@ def _symbol_range(sym: sympy.Symbol, env: Any, spec: TensorRTCompileSpec, name: 
             f"compile dynamic_shapes for that input to [min, opt, max]"
         )
     hi = int(hi)
-    hint = env.var_to_val.get(sym)
+    hints = getattr(env, "backed_var_to_val", None) or env.var_to_val
+    hint = hints.get(sym)
     opt = given[1] if given and given[1] is not None else (int(hint) if hint is not None else hi)
     return (int(lo), min(max(int(opt), int(lo)), hi), hi)
 

@@ -18,7 +18,7 @@ from pipeline.errors import CompileSpecError
 from pipeline.tensorrt import backend as _backend  # noqa: F401  (ExecuTorch finds TensorRTBackend by subclass)
 from pipeline.tensorrt.blob import BACKEND_ID
 from pipeline.tensorrt.compile_spec import DimRange, TensorRTCompileSpec
-from pipeline.tensorrt.converters.registry import SYMINT_BUILTINS, aten_op, supported_ops
+from pipeline.tensorrt.converters.registry import SYMINT_BUILTINS, aten_op, lookup, supported_ops
 from pipeline.tensorrt.support import TensorRTOperatorSupport, refusal_reason
 
 
@@ -44,12 +44,24 @@ class TensorRTPartitioner(Partitioner):
         self.record = PartitionRecord()
 
     def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[Any], Any]:
-        """Ops with a converter that the default decomposition would otherwise break up."""
+        """Compute ops with a converter that the default decomposition would otherwise break up.
+
+        The filter keeps a node whole only if TensorRT accepts it and did not refuse it while
+        partitioning (ExecuTorch asks again after lowering to check nothing preserved is left).
+        """
         from executorch.exir.tracer import _default_decomposition_table
 
         table = _default_decomposition_table()
-        keep = [op for op in supported_ops() if op in table and not _is_view(op)]
-        return keep, lambda node: refusal_reason(node, self.compile_spec) is None
+        keep = [
+            op for op in supported_ops()
+            if op in table and not _is_view(op) and op not in _DECOMPOSE_ANYWAY
+            and not lookup(op).impl.__module__.endswith(_DATA_MOVEMENT)  # type: ignore[union-attr]
+        ]
+
+        def accept(node: torch.fx.Node) -> bool:
+            return refusal_reason(node, self.compile_spec) is None and node.name not in self.record.refused
+
+        return keep, accept
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         """Tag TensorRT partitions of `exported_program` (Edge dialect)."""
@@ -81,11 +93,15 @@ class TensorRTPartitioner(Partitioner):
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
 
 
+_DATA_MOVEMENT = ("converters.shape", "converters.tensor_copy", "converters.creation")
+
+
 def is_compute(node: torch.fx.Node) -> bool:
-    """A node that does work (not getitem, not symbolic-int arithmetic)."""
-    return node.op == "call_function" and node.target is not operator.getitem and node.target not in SYMINT_BUILTINS and (
-        aten_op(node.target) is not torch.ops.aten.sym_size.int
-    )
+    """A node that does arithmetic (not a view, copy, cast, constant or symbolic-size op)."""
+    if node.op != "call_function" or node.target is operator.getitem or node.target in SYMINT_BUILTINS:
+        return False
+    record = lookup(node.target)
+    return record is None or not record.impl.__module__.endswith(_DATA_MOVEMENT)
 
 
 def symbol_ranges(program: ExportedProgram, spec: TensorRTCompileSpec) -> dict[str, DimRange]:
@@ -117,6 +133,11 @@ def symbol_ranges(program: ExportedProgram, spec: TensorRTCompileSpec) -> dict[s
                 )
             out[str(size.node.expr)] = rng
     return out
+
+
+# Kept whole, sdpa's output strides differ from its decomposition's and break views after it in
+# ExecuTorch's retrace; its decomposition (matmul, softmax) converts just as well.
+_DECOMPOSE_ANYWAY = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
 
 
 def _is_view(op: Any) -> bool:

@@ -10,7 +10,7 @@ import torch
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.converters.registry import lookup
+from pipeline.tensorrt.converters.registry import aten_op, lookup
 
 _ENGINE_DTYPES = frozenset(
     {torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.int8, torch.uint8}
@@ -39,7 +39,7 @@ def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None
 
 
 def _op_name(target: Any) -> str:
-    return str(getattr(target, "_op", target)).split(":")[0]
+    return str(aten_op(target)).split(":")[0]
 
 
 def _tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:

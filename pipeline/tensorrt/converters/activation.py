@@ -8,7 +8,16 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import activation, axes_mask, elementwise, ew_ops, norm_dim, promoted, unary, unary_ops
+from pipeline.tensorrt.converters._layers import (
+    activation,
+    axes_mask,
+    elementwise,
+    ew_ops,
+    norm_dim,
+    promoted,
+    unary,
+    unary_ops,
+)
 from pipeline.tensorrt.converters.registry import converter
 from pipeline.tensorrt.trt_api import trt
 

@@ -8,9 +8,8 @@ from typing import Any
 
 import torch
 
-from pipeline.tensorrt.context import ConversionContext
+from pipeline.tensorrt.context import ConversionContext, torch_to_trt
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.context import torch_to_trt
 from pipeline.tensorrt.converters._layers import elementwise, ew_ops, promoted, unsqueeze_to
 from pipeline.tensorrt.converters.linear import matmul_layer
 from pipeline.tensorrt.converters.registry import converter

@@ -127,6 +127,19 @@ def logical_not(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwarg
     return unary(ctx, args[0], unary_ops().NOT)
 
 
+def _logical(name: str, op: Any) -> None:
+    @converter(op, validator=v.tensor_dtypes({torch.bool}))
+    def convert(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return elementwise(ctx, getattr(ew_ops(), name), *promoted(ctx, node, args[0], args[1], torch.bool))
+
+    convert.__qualname__ = convert.__name__ = f"logical_{name.lower()}"
+
+
+_logical("AND", aten.logical_and.default)
+_logical("OR", aten.logical_or.default)
+_logical("XOR", aten.logical_xor.default)
+
+
 @converter(aten.where.self, validator=v.NUMERIC)
 def where(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     cond = args[0]

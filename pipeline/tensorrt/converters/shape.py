@@ -231,3 +231,30 @@ _SYM_OPS = {operator.add: "SUM", operator.sub: "SUB", operator.mul: "PROD", oper
 @converter(*_SYM_OPS)
 def sym_arith(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _int_expr(ctx, args[0], args[1], _SYM_OPS[node.target])  # type: ignore[index]
+
+
+def _split_ok(node: Node, spec: Any) -> str | None:
+    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
+    axis = norm_dim(int(v.arg(node, 2, "dim", 0)), len(shape))
+    if not isinstance(shape[axis], int):
+        return "split along a dynamic dim is not supported"
+    return None
+
+
+@converter(aten.split_with_sizes.default, aten.split_with_sizes_copy.default, aten.split.Tensor,
+           aten.split_copy.Tensor, validator=_split_ok)
+def split(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    rank = len(x.shape)
+    axis = norm_dim(int(v.arg(node, 2, "dim", 0)), rank)
+    total = x.shape[axis]
+    sizes = args[1] if isinstance(args[1], (list, tuple)) else [min(args[1], total - i) for i in range(0, total, args[1])]
+    outs, start = [], 0
+    for size in sizes:
+        starts = [0] * rank
+        starts[axis] = start
+        extent = ctx.dims(x)
+        extent[axis] = int(size)
+        outs.append(_slice_layer(ctx, x, starts, extent, [1] * rank))
+        start += int(size)
+    return tuple(outs)

@@ -48,8 +48,8 @@ DYNAMIC = {
 def test_dynamic_batch(name: str) -> None:
     batch = Dim("batch", min=2, max=16)
     edge = check_converter(Fn(DYNAMIC[name]), (torch.randn(4, 3, 4, 6),), dynamic_shapes=(({0: batch},),))  # Fn takes *xs
-    from tests.helpers import tensorrt_blobs
     from pipeline.tensorrt import blob
+    from tests.helpers import tensorrt_blobs
 
     meta, _ = blob.decode(tensorrt_blobs(edge)[0])
     assert meta.inputs[0].shape[0] == -1

@@ -1,0 +1,1 @@
+"""Model zoo: small, self-contained models with fixed-seed random weights (nothing downloaded)."""

@@ -1,0 +1,124 @@
+"""Every compile-spec field reaches the TensorRT builder: read back from the builder configuration,
+the network, the optimization profile, the timing-cache file or the built engine."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.export import Dim
+
+from pipeline.errors import CompileSpecError, UnsupportedOperatorError
+from pipeline.tensorrt.builder import build_engine, builder_config, compute_capability_enum, optimization_profile
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.network import define_network
+from pipeline.tensorrt.trt_api import flavour, trt
+from tests.helpers import Fn, lower, tensorrt_blobs
+
+
+def _program(dynamic: bool = False) -> torch.export.ExportedProgram:
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.LazyLinear(4))
+    x = torch.randn(2, 3, 8, 8)
+    model(x)
+    shapes = ({0: Dim("batch", min=1, max=32)},) if dynamic else None
+    return torch.export.export(model.eval(), (x,), dynamic_shapes=shapes).run_decompositions()
+
+
+def _config(spec: TensorRTCompileSpec, dynamic: bool = False):  # type: ignore[no-untyped-def]
+    builder = trt().Builder(trt().Logger(trt().Logger.ERROR))
+    definition = define_network(builder, _program(dynamic), spec)
+    return builder, definition, builder_config(builder, spec, definition)
+
+
+def test_scalar_fields_reach_builder_config() -> None:
+    spec = TensorRTCompileSpec(allow_tf32=False, optimization_level=1, workspace_bytes=1 << 26, max_aux_streams=3)
+    _, _, config = _config(spec)
+    t = trt()
+    assert config.get_flag(t.BuilderFlag.TF32) is False
+    assert config.builder_optimization_level == 1
+    assert config.get_memory_pool_limit(t.MemoryPoolType.WORKSPACE) == 1 << 26
+    assert config.max_aux_streams == 3
+    _, _, default = _config(TensorRTCompileSpec(allow_tf32=True, optimization_level=5))
+    assert default.get_flag(t.BuilderFlag.TF32) is True and default.builder_optimization_level == 5
+
+
+@pytest.mark.parametrize("precision, trt_type", [("fp32", "FLOAT"), ("fp16", "HALF"), ("bf16", "BF16")])
+def test_precision_reaches_network(precision: str, trt_type: str) -> None:
+    _, definition, _ = _config(TensorRTCompileSpec(precision=precision))
+    net = definition.network
+    t = trt()
+    compute = [net.get_layer(i) for i in range(net.num_layers)
+               if net.get_layer(i).type in (t.LayerType.CONVOLUTION, t.LayerType.MATRIX_MULTIPLY)]
+    assert compute and all(layer.get_output(0).dtype == getattr(t.DataType, trt_type) for layer in compute)
+    # Engine I/O keeps the program's dtypes.
+    assert net.get_input(0).dtype == t.DataType.FLOAT and net.get_output(0).dtype == t.DataType.FLOAT
+
+
+def test_dynamic_ranges_reach_profile() -> None:
+    spec = TensorRTCompileSpec(symbol_ranges={})
+    builder, definition, _ = _config(spec, dynamic=True)
+    profile = optimization_profile(builder, definition)
+    lo, opt, hi = profile.get_shape(definition.bindings[0].name)
+    assert (lo[0], opt[0], hi[0]) == (1, 2, 32) and tuple(lo[1:]) == (3, 8, 8)
+
+
+def test_compile_spec_ranges_override_export_ranges() -> None:
+    program = _program(dynamic=True)
+    user_input = program.graph_signature.user_inputs[0]
+    sym = str(next(n for n in program.graph.nodes if n.name == user_input).meta["val"].shape[0])
+    spec = TensorRTCompileSpec(symbol_ranges={sym: (4, 8, 16)})
+    builder = trt().Builder(trt().Logger(trt().Logger.ERROR))
+    definition = define_network(builder, program, spec)
+    lo, opt, hi = optimization_profile(builder, definition).get_shape(user_input)
+    assert (lo[0], opt[0], hi[0]) == (4, 8, 16)
+
+
+def test_partitioner_maps_input_ranges_to_engine_profile() -> None:
+    batch = Dim("batch", min=1, max=64)
+    spec = TensorRTCompileSpec(dynamic_shapes={"xs_0": {0: (2, 6, 10)}})
+    edge, _ = lower(Fn(lambda m, x: torch.relu(x) * 2), (torch.randn(4, 3),), spec, dynamic_shapes=(({0: batch},),))
+    from pipeline.tensorrt import blob
+
+    assert blob.decode(tensorrt_blobs(edge)[0])[0].inputs[0].shape == (-1, 3)
+    with pytest.raises(CompileSpecError, match="names input 'y', but the program's inputs are"):
+        lower(Fn(lambda m, x: x * 2), (torch.randn(4, 3),), TensorRTCompileSpec(dynamic_shapes={"y": {0: (1, 2, 3)}}),
+              dynamic_shapes=(({0: batch},),))
+
+
+def test_timing_cache_is_written_and_reused(tmp_path: Path) -> None:
+    cache = tmp_path / "sub" / "timing.cache"
+    spec = TensorRTCompileSpec(timing_cache_path=str(cache))
+    build_engine(_program(), spec)
+    first = cache.read_bytes()
+    assert len(first) > 0
+    _, _, config = _config(spec)
+    assert config.get_timing_cache() is not None and len(bytes(config.get_timing_cache().serialize())) >= len(first) // 2
+
+
+@pytest.mark.skipif(not flavour().is_rtx, reason="compute-capability targets are a TensorRT-RTX feature")
+def test_target_compute_capabilities_reach_config() -> None:
+    _, _, config = _config(TensorRTCompileSpec(target_compute_capabilities=("8.9", "12.0")))
+    assert config.num_compute_capabilities == 2
+    assert config.get_compute_capability(0) == trt().ComputeCapability.SM89
+    assert config.get_compute_capability(1) == trt().ComputeCapability.SM120
+    with pytest.raises(CompileSpecError, match="allowed"):
+        compute_capability_enum("1.0")
+
+
+def test_min_block_size_reaches_partitioner() -> None:
+    model = Fn(lambda m, x: torch.relu(x) * 2 + 1)
+    edge, part = lower(model, (torch.randn(3, 3),), TensorRTCompileSpec(min_block_size=4))
+    assert tensorrt_blobs(edge) == []
+    assert any("min_block_size=4" in r["reason"] for r in part.record.refused.values())
+    edge, _ = lower(model, (torch.randn(3, 3),), TensorRTCompileSpec(min_block_size=3))
+    assert len(tensorrt_blobs(edge)) == 1
+
+
+def test_build_engine_refuses_unsupported_graph() -> None:
+    program = torch.export.export(Fn(lambda m, x: torch.cumsum(x, 0)), (torch.randn(4),)).run_decompositions()
+    with pytest.raises(UnsupportedOperatorError, match="no TensorRT converter for aten.cumsum"):
+        build_engine(program, TensorRTCompileSpec())
+
+
+def test_engine_records_build_time_and_layers() -> None:
+    built = build_engine(_program(), TensorRTCompileSpec())
+    assert built.build_seconds > 0 and built.num_layers > 3 and len(built.engine) > 1000

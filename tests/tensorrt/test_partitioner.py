@@ -1,0 +1,67 @@
+"""Partitioning a model with an op TensorRT cannot take: TensorRT takes the parts around it, the
+rest lowers to portable ops, or to XNNPACK when XNNPACK follows TensorRT in the chain."""
+
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+from pipeline import pte
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.report import lowering_report
+from tests.helpers import leftover_ops, lower, tensorrt_blobs
+
+
+class Mixed(torch.nn.Module):
+    """conv2d -> relu -> [conv1d: no TensorRT] -> linear -> [cumsum: no backend] -> tanh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.conv1d = torch.nn.Conv1d(4, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x)).flatten(2)  # [1, 4, 64]
+        h = self.fc(self.conv1d(h) * 2)
+        return torch.tanh(torch.cumsum(h, dim=-1)) + 1
+
+
+X = torch.randn(1, 3, 8, 8)
+
+
+def _counts(edge) -> dict:  # type: ignore[no-untyped-def]
+    program = pte.load_program(edge.to_executorch().buffer)
+    out: dict = {}
+    for call in pte.delegate_calls(program):
+        out[call.backend] = out.get(call.backend, 0) + 1
+    return out
+
+
+def test_split_with_portable_fallback() -> None:
+    edge, part = lower(Mixed(), (X,))
+    left = " ".join(leftover_ops(edge))
+    assert "convolution" in left and "cumsum" in left
+    assert len(tensorrt_blobs(edge)) >= 2
+    assert any("2-D and 3-D" in r["reason"] for r in part.record.refused.values())
+    assert _counts(edge) == {"TensorRTBackend": len(tensorrt_blobs(edge))}
+
+
+def test_split_with_xnnpack_after_tensorrt() -> None:
+    edge, part = lower(Mixed(), (X,), after=[XnnpackPartitioner()])
+    left = " ".join(leftover_ops(edge))
+    assert "cumsum" in left and "convolution" not in left
+    report = lowering_report(edge._edge_programs, {"forward": part.record})["forward"]
+    counts = _counts(edge)
+    assert counts.get("XnnpackBackend", 0) >= 1 and counts["TensorRTBackend"] >= 2
+    assert report["num_engines"] == counts["TensorRTBackend"]
+    assert [d["backend"] for d in report["other_delegates"]] == ["XnnpackBackend"] * counts["XnnpackBackend"]
+    assert any(item["op"] == "aten.cumsum.default" and "no TensorRT converter" in item["reason"] for item in report["left_over"])
+    assert report["engine_bytes"] > 0 and report["build_seconds"] > 0
+
+
+def test_report_counts_claimed_nodes() -> None:
+    edge, part = lower(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.randn(2, 4),),
+                       TensorRTCompileSpec())
+    report = lowering_report(edge._edge_programs, {"forward": part.record})["forward"]
+    assert report["claimed_by_tensorrt"] == 2 and report["left_over"] == [] and report["num_engines"] == 1
+    engine = report["engines"][0]
+    assert engine["inputs"][0]["shape"] == [2, 4] and engine["num_layers"] > 0
