@@ -71,11 +71,13 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, precision: str) -> None:
 
 
 def run_engines(edge: EdgeProgramManager, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run the single TensorRT engine of `forward` on the GPU."""
+    """Run the single TensorRT engine of `forward` on the GPU, feeding program inputs by name."""
     (payload,) = tensorrt_blobs(edge)
     meta, engine = blob.decode(payload)
+    names = edge.exported_program().graph_signature.user_inputs
+    by_name = dict(zip(names, [x for x in inputs if isinstance(x, torch.Tensor)]))
     runner = EngineRunner(engine, meta.io_bindings)
-    out = runner(*[x for x in inputs if isinstance(x, torch.Tensor)])
+    out = runner(*[by_name[b.name] for b in meta.inputs])
     torch.cuda.synchronize()
     return out
 

@@ -2,7 +2,8 @@
 
 Freshly initialised MobileNetV3 outputs ~1e-9 (its batch-norm statistics are the defaults), so a
 numerical comparison against it proves nothing: we calibrate batch-norm statistics on one
-fixed-seed batch, which keeps every layer's activations at unit scale.
+fixed-seed batch and give linear heads PyTorch's default init, which keeps every layer's
+activations, and the logits, at unit scale.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import torchvision
 
 def _calibrated(model: torch.nn.Module, seed: int, image_size: int) -> torch.nn.Module:
     gen = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):  # torchvision's N(0, 0.01) heads shrink logits to ~1e-2
+            m.reset_parameters()
     for m in model.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()

@@ -77,17 +77,17 @@ class TensorRTPartitioner(Partitioner):
         record.refused = {name: {"op": _name(by_name[name].target), "reason": why} for name, why in support.refused.items()}
         for partition in sorted(proposals, key=lambda p: min(order[n] for n in p.nodes)):
             nodes = sorted(partition.nodes, key=order.__getitem__)
-            compute = [n for n in nodes if is_compute(n)]
-            if len(compute) < self.compile_spec.min_block_size:
-                why = f"in a block of {len(compute)} compute node(s), below min_block_size={self.compile_spec.min_block_size}"
-                for n in compute:
+            ops = [n for n in nodes if is_operator(n)]
+            if len(ops) < self.compile_spec.min_block_size:
+                why = f"in a block of {len(ops)} operator(s), below min_block_size={self.compile_spec.min_block_size}"
+                for n in ops:
                     record.refused[n.name] = {"op": _name(n.target), "reason": why}
                 continue
             tag = f"tensorrt_{len(tags)}"
             for n in nodes:
                 n.meta["delegation_tag"] = tag
             tags[tag] = DelegationSpec(BACKEND_ID, spec.to_compile_specs())
-            record.claimed[tag] = [n.name for n in compute]
+            record.claimed[tag] = [n.name for n in ops]
         tag_constant_data(exported_program)
         self.record = record
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
@@ -96,12 +96,12 @@ class TensorRTPartitioner(Partitioner):
 _DATA_MOVEMENT = ("converters.shape", "converters.tensor_copy", "converters.creation")
 
 
-def is_compute(node: torch.fx.Node) -> bool:
-    """A node that does arithmetic (not a view, copy, cast, constant or symbolic-size op)."""
+def is_operator(node: torch.fx.Node) -> bool:
+    """A node that counts toward `min_block_size`: any ATen operator, as Torch-TensorRT counts them
+    (not getitem, symbolic-int arithmetic or sym_size)."""
     if node.op != "call_function" or node.target is operator.getitem or node.target in SYMINT_BUILTINS:
         return False
-    record = lookup(node.target)
-    return record is None or not record.impl.__module__.endswith(_DATA_MOVEMENT)
+    return aten_op(node.target) is not torch.ops.aten.sym_size.int
 
 
 def symbol_ranges(program: ExportedProgram, spec: TensorRTCompileSpec) -> dict[str, DimRange]:

@@ -106,10 +106,11 @@ def test_target_compute_capabilities_reach_config() -> None:
 
 def test_min_block_size_reaches_partitioner() -> None:
     model = Fn(lambda m, x: torch.relu(x) * 2 + 1)
-    edge, part = lower(model, (torch.randn(3, 3),), TensorRTCompileSpec(min_block_size=4))
+    # relu, mul, add, and two casts that turn the scalars into tensors: five operators.
+    edge, part = lower(model, (torch.randn(3, 3),), TensorRTCompileSpec(min_block_size=6))
     assert tensorrt_blobs(edge) == []
-    assert any("min_block_size=4" in r["reason"] for r in part.record.refused.values())
-    edge, _ = lower(model, (torch.randn(3, 3),), TensorRTCompileSpec(min_block_size=3))
+    assert any("min_block_size=6" in r["reason"] for r in part.record.refused.values())
+    edge, _ = lower(model, (torch.randn(3, 3),), TensorRTCompileSpec(min_block_size=5))
     assert len(tensorrt_blobs(edge)) == 1
 
 
