@@ -11,7 +11,10 @@ from torch.export import ExportedProgram
 
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.builder import build_engine
+from pipeline.errors import BlobFormatError
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.engine_op import build_info, decode_metadata, is_engine_call
+from pipeline.tensorrt.network import graph_source
 
 
 @final
@@ -28,11 +31,47 @@ class TensorRTBackend(BackendDetails):
             CompileSpecError, UnsupportedOperatorError, EngineBuildError.
         """
         spec = TensorRTCompileSpec.from_compile_specs(compile_specs)
+        prebuilt = engine_blob(edge_program)
+        if prebuilt is not None:
+            payload, info = prebuilt
+            return PreprocessResult(processed_bytes=payload, _delegate_info_meta=info)
         label = f"engine for method {spec.method or 'forward'!r}"
         built = build_engine(edge_program, spec, label=label)
         payload = blob.encode(built.engine, built.metadata)
         info = {"build_seconds": built.build_seconds, "num_layers": built.num_layers, "engine_bytes": len(built.engine)}
         return PreprocessResult(processed_bytes=payload, _delegate_info_meta=info)
+
+
+def engine_blob(program: ExportedProgram) -> tuple[bytes, dict[str, object]] | None:
+    """The blob (and build statistics) of a partition that is one prebuilt engine call, or None for a graph of ops.
+
+    Bindings are reordered into delegate-argument order (the partition's inputs and outputs).
+
+    Raises:
+        BlobFormatError: the partition does not pass each engine input and output exactly once.
+    """
+    calls = [n for n in program.graph.nodes if is_engine_call(n)]
+    if not calls:
+        return None
+    (call,) = calls
+    inputs, engine_node, metadata = call.args
+    meta, _ = decode_metadata(metadata)
+    sources = graph_source(program).constants
+    engine = sources[engine_node.name]
+    user_inputs = list(program.graph_signature.user_inputs)
+    out_node = next(n for n in program.graph.nodes if n.op == "output")
+    outputs = [n.args[1] for n in out_node.args[0]]
+    names = [n.name for n in inputs]
+    if sorted(set(names)) != sorted(user_inputs) or len(names) != len(user_inputs) or sorted(outputs) != list(
+        range(len(meta.outputs))
+    ):
+        raise BlobFormatError(
+            f"engine call {call.name} must take each delegate input once and return every output once; "
+            f"got inputs {names} for {user_inputs} and outputs {outputs}"
+        )
+    bindings = (*[meta.inputs[names.index(u)] for u in user_inputs], *[meta.outputs[i] for i in outputs])
+    out_meta = blob.BlobMetadata(io_bindings=bindings, target_platform=meta.target_platform)
+    return blob.encode(engine.cpu().numpy().tobytes(), out_meta), {**build_info(metadata), "prebuilt": True}
 
 
 assert TensorRTBackend.__name__ == blob.BACKEND_ID  # ExecuTorch finds backends by class name

@@ -16,7 +16,7 @@ from torch.export import ExportedProgram
 from pipeline.errors import CompileSpecError, EngineBuildError
 from pipeline.tensorrt.blob import BlobMetadata
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.network import NetworkDefinition, define_network
+from pipeline.tensorrt.network import GraphSource, NetworkDefinition, define_network
 from pipeline.tensorrt.trt_api import flavour, trt
 
 log = logging.getLogger("pipeline.tensorrt")
@@ -126,8 +126,8 @@ def _apply_compute_capabilities(config: Any, spec: TensorRTCompileSpec) -> None:
         config.set_compute_capability(cap, i)
 
 
-def build_engine(program: ExportedProgram, spec: TensorRTCompileSpec, label: str = "engine") -> BuiltEngine:
-    """Convert `program` with the registry and build a serialized engine.
+def build_engine(program: ExportedProgram | GraphSource, spec: TensorRTCompileSpec, label: str = "engine") -> BuiltEngine:
+    """Convert `program` (or a graph with its constants) with the registry and build a serialized engine.
 
     Raises:
         UnsupportedOperatorError: a node cannot be converted.

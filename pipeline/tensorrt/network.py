@@ -33,21 +33,38 @@ class NetworkDefinition:
     profile: dict[str, ShapeRange]
 
 
-def define_network(builder: Any, program: ExportedProgram, spec: TensorRTCompileSpec) -> NetworkDefinition:
-    """Populate a strongly typed TensorRT network from `program`.
+@dataclass(frozen=True)
+class GraphSource:
+    """What a network is made from: a graph, the constant value of each constant placeholder (None
+    for runtime inputs), and the value ranges of the graph's symbolic dims."""
+
+    graph: torch.fx.Graph
+    constants: dict[str, torch.Tensor | None]
+    range_constraints: dict[Any, Any]
+
+
+def graph_source(program: ExportedProgram) -> GraphSource:
+    """The `GraphSource` of an exported program (parameters, buffers and constants are constants)."""
+    return GraphSource(program.graph, _input_sources(program), dict(program.range_constraints))
+
+
+def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: TensorRTCompileSpec) -> NetworkDefinition:
+    """Populate a strongly typed TensorRT network from a program or graph.
 
     Raises:
         UnsupportedOperatorError: a node has no converter or its capability check refuses it.
         CompileSpecError: a dynamic dim has no finite range.
     """
+    if isinstance(source, ExportedProgram):
+        source = graph_source(source)
     t = trt()
     network = builder.create_network(1 << int(t.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     ctx = ConversionContext(network, spec)
     bindings: list[IOBinding] = []
     profile: dict[str, ShapeRange] = {}
-    sources = _input_sources(program)
-    ctx.range_constraints = dict(program.range_constraints)
-    for node in program.graph.nodes:
+    sources = source.constants
+    ctx.range_constraints = source.range_constraints
+    for node in source.graph.nodes:
         if node.op == "placeholder":
             ctx.values[node] = _placeholder(ctx, node, sources, bindings, profile)
         elif node.op == "call_function":
@@ -137,7 +154,8 @@ def _convert(ctx: ConversionContext, node: torch.fx.Node) -> Any:
 
 def _mark_outputs(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IOBinding]) -> None:
     marked: set[int] = set()
-    for i, arg in enumerate(node.args[0]):  # type: ignore[arg-type]
+    results = node.args[0]
+    for i, arg in enumerate(results if isinstance(results, (tuple, list)) else [results]):
         if not isinstance(arg, torch.fx.Node) or not isinstance(arg.meta.get("val"), torch.Tensor):
             raise UnsupportedOperatorError(f"engine output {i} is {arg!r}; engines return tensors only")
         val = arg.meta["val"]

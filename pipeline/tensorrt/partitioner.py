@@ -18,6 +18,7 @@ from pipeline.errors import CompileSpecError
 from pipeline.tensorrt import backend as _backend  # noqa: F401  (ExecuTorch finds TensorRTBackend by subclass)
 from pipeline.tensorrt.blob import BACKEND_ID
 from pipeline.tensorrt.compile_spec import DimRange, TensorRTCompileSpec
+from pipeline.tensorrt.engine_op import is_engine_call
 from pipeline.tensorrt.converters.registry import SYMINT_BUILTINS, aten_op, lookup, supported_ops
 from pipeline.tensorrt.support import TensorRTOperatorSupport, refusal_reason
 
@@ -33,12 +34,18 @@ class PartitionRecord:
 class TensorRTPartitioner(Partitioner):
     """ExecuTorch partitioner for TensorRT.
 
+    Engine calls of an engine-bearing program (`tensorrt.execute_engine`) are always claimed, each
+    as a delegate of its own; with `claim_ops`, maximal subgraphs of convertible ops are claimed too
+    and get engines built in `preprocess`.
+
     Args:
         spec: the compile spec every engine of this partitioner is built with.
+        claim_ops: also claim convertible ATen ops (False: engine calls only).
     """
 
-    def __init__(self, spec: TensorRTCompileSpec | None = None) -> None:
+    def __init__(self, spec: TensorRTCompileSpec | None = None, claim_ops: bool = True) -> None:
         self.compile_spec = spec or TensorRTCompileSpec()
+        self.claim_ops = claim_ops
         super().__init__()
         self.delegation_spec = DelegationSpec(BACKEND_ID, self.compile_spec.to_compile_specs())
         self.record = PartitionRecord()
@@ -51,12 +58,7 @@ class TensorRTPartitioner(Partitioner):
         """
         from executorch.exir.tracer import _default_decomposition_table
 
-        table = _default_decomposition_table()
-        keep = [
-            op for op in supported_ops()
-            if op in table and not _is_view(op) and op not in _DECOMPOSE_ANYWAY
-            and not lookup(op).impl.__module__.endswith(_DATA_MOVEMENT)  # type: ignore[union-attr]
-        ]
+        keep = preserved_ops(_default_decomposition_table())
 
         def accept(node: torch.fx.Node) -> bool:
             return refusal_reason(node, self.compile_spec) is None and node.name not in self.record.refused
@@ -66,14 +68,30 @@ class TensorRTPartitioner(Partitioner):
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         """Tag TensorRT partitions of `exported_program` (Edge dialect)."""
         graph_module = exported_program.graph_module
-        support = TensorRTOperatorSupport(self.compile_spec)
-        proposals = CapabilityBasedPartitioner(graph_module, support, allows_single_node_partition=True).propose_partitions()
         ranges = symbol_ranges(exported_program, self.compile_spec)
         spec = self.compile_spec.with_symbol_ranges(ranges)
-        order = {n: i for i, n in enumerate(graph_module.graph.nodes)}
-        by_name = {n.name: n for n in order}
         tags: dict[str, DelegationSpec] = {}
         record = PartitionRecord()
+        for node in graph_module.graph.nodes:
+            if is_engine_call(node):
+                tag = f"tensorrt_{len(tags)}"
+                node.meta["delegation_tag"] = tag
+                for user in node.users:  # the getitems of its outputs
+                    user.meta["delegation_tag"] = tag
+                tags[tag] = DelegationSpec(BACKEND_ID, spec.to_compile_specs())
+                record.claimed[tag] = [node.name]
+        if self.claim_ops:
+            self._claim_ops(graph_module, spec, tags, record)
+        tag_constant_data(exported_program)
+        self.record = record
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+    def _claim_ops(self, graph_module: torch.fx.GraphModule, spec: TensorRTCompileSpec, tags: dict[str, DelegationSpec],
+                   record: PartitionRecord) -> None:
+        support = TensorRTOperatorSupport(self.compile_spec)
+        proposals = CapabilityBasedPartitioner(graph_module, support, allows_single_node_partition=True).propose_partitions()
+        order = {n: i for i, n in enumerate(graph_module.graph.nodes)}
+        by_name = {n.name: n for n in order}
         record.refused = {name: {"op": _name(by_name[name].target), "reason": why} for name, why in support.refused.items()}
         for partition in sorted(proposals, key=lambda p: min(order[n] for n in p.nodes)):
             nodes = sorted(partition.nodes, key=order.__getitem__)
@@ -88,12 +106,18 @@ class TensorRTPartitioner(Partitioner):
                 n.meta["delegation_tag"] = tag
             tags[tag] = DelegationSpec(BACKEND_ID, spec.to_compile_specs())
             record.claimed[tag] = [n.name for n in ops]
-        tag_constant_data(exported_program)
-        self.record = record
-        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
 
 
 _DATA_MOVEMENT = ("converters.shape", "converters.tensor_copy", "converters.creation")
+
+
+def preserved_ops(table: dict[Any, Any]) -> list[Any]:
+    """Compute ops with a converter that decomposition `table` would otherwise break up."""
+    return [
+        op for op in supported_ops()
+        if op in table and not _is_view(op) and op not in _DECOMPOSE_ANYWAY
+        and not lookup(op).impl.__module__.endswith(_DATA_MOVEMENT)  # type: ignore[union-attr]
+    ]
 
 
 def is_operator(node: torch.fx.Node) -> bool:

@@ -49,7 +49,7 @@ def method_report(program: ExportedProgram, record: PartitionRecord | None) -> d
     for node in program.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem or "executorch_call_delegate" in str(node.target):
             continue
-        reason = record.refused.get(node.name, {}).get("reason", "not offered to TensorRT (added after partitioning)")
+        reason = record.refused.get(node.name, {}).get("reason", "not part of any TensorRT engine")
         left.append({"node": node.name, "op": str(aten_op(node.target)).split(":")[0], "reason": reason})
     trt_entries = [e for e in entries if e["backend"] == blob.BACKEND_ID]
     return {

@@ -62,8 +62,8 @@ class TensorRTOperatorSupport(OperatorSupportBase):
         self.refused: dict[str, str] = {}
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
-        if node.op != "call_function":
-            return False
+        if node.op != "call_function" or "tensorrt.execute_engine" in str(node.target):
+            return False  # engine calls are claimed one by one, never merged with ops
         if node.target is operator.getitem:
             return isinstance(node.args[0], torch.fx.Node) and self.is_node_supported(submodules, node.args[0])
         reason = refusal_reason(node, self.spec)

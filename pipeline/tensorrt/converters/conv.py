@@ -21,7 +21,7 @@ def _conv_ok(node: Node, spec: Any) -> str | None:
     if reason:
         return reason
     weight = node.args[1]
-    if not isinstance(weight, Node) or weight.op != "placeholder":
+    if not isinstance(weight, Node) or weight.op not in ("placeholder", "get_attr"):
         return "convolution weight must be a constant of the program (a parameter), not a computed tensor"
     rank = weight.meta["val"].dim()
     if rank not in (4, 5):

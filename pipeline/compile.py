@@ -1,0 +1,196 @@
+"""The compile step: `torch.export` a method, build a TensorRT engine for every maximal supported
+subgraph, and return an engine-bearing `ExportedProgram` in which each engine is one call of
+`torch.ops.tensorrt.execute_engine` whose engine bytes are a uint8 constant of the program."""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+from torch.export import ExportedProgram
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+from pipeline.errors import UnsupportedOperatorError
+from pipeline.tensorrt import engine_op
+from pipeline.tensorrt.builder import build_engine
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.network import GraphSource
+from pipeline.tensorrt.partitioner import is_operator, preserved_ops, symbol_ranges
+from pipeline.tensorrt.support import TensorRTOperatorSupport
+
+log = logging.getLogger("pipeline.compile")
+
+
+def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec: TensorRTCompileSpec | None = None,
+                   dynamic_shapes: Any = None, method: str = "forward") -> ExportedProgram:
+    """Export `module` and replace its TensorRT-supported subgraphs by engine calls.
+
+    Args:
+        module: the model (its `forward` is exported).
+        example_inputs: positional example inputs.
+        spec: compile options of every engine (`min_block_size`, precision, dynamic ranges, ...).
+        dynamic_shapes: torch.export dynamic shapes for `example_inputs`.
+        method: name used in progress messages and engine labels.
+    Returns:
+        An engine-bearing `ExportedProgram` (saves with `torch.export.save`).
+    """
+    spec = (spec or TensorRTCompileSpec()).for_method(method)
+    args = tuple(example_inputs)
+    table = torch.export.default_decompositions()
+    for op in preserved_ops(table):
+        table.pop(op)
+    program = torch.export.export(module.eval(), args, dynamic_shapes=dynamic_shapes).run_decompositions(table)
+    spec = spec.with_symbol_ranges(symbol_ranges(program, spec))
+    gm = program.module()
+    engines = _replace_partitions(gm, program.range_constraints, spec, method)
+    log.info("method %r: %d TensorRT engine(s)", method, engines)
+    flat_args = torch.utils._pytree.tree_leaves(args)
+    return torch.export.export(gm, tuple(flat_args), dynamic_shapes=_flat_dims(program))
+
+
+def _flat_dims(program: ExportedProgram) -> tuple[dict[int, Any], ...] | None:
+    """Dynamic shapes of the flat user inputs, one `Dim` per symbol, so dims shared before stay shared."""
+    dims: dict[Any, Any] = {}
+    out = []
+    nodes = {n.name: n for n in program.graph.nodes}
+    for name in program.graph_signature.user_inputs:
+        shape = getattr(nodes[name].meta.get("val"), "shape", ())
+        spec = {}
+        for i, size in enumerate(shape):
+            if isinstance(size, int):
+                continue
+            sym = size.node.expr
+            if sym not in dims:
+                vr = program.range_constraints[sym]
+                dims[sym] = torch.export.Dim(f"d_{sym}", min=int(vr.lower), max=int(vr.upper))
+            spec[i] = dims[sym]
+        out.append(spec)
+    return tuple(out) if dims else None
+
+
+def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: TensorRTCompileSpec, method: str) -> int:
+    support = TensorRTOperatorSupport(spec)
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    partitions = [p for p in partitioner.propose_partitions()
+                  if sum(is_operator(n) for n in p.nodes) >= spec.min_block_size]
+    fused = partitioner.fuse_partitions(partitions)
+    count = 0
+    for node in list(fused.graph.nodes):
+        if node.op == "call_module" and node.target.startswith("fused_"):
+            _replace_with_engine(fused, node, ranges, spec, f"engine {count} of method {method!r}")
+            count += 1
+    fused.graph.eliminate_dead_code()
+    fused.delete_all_unused_submodules()
+    fused.recompile()
+    return count
+
+
+def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],
+                         spec: TensorRTCompileSpec, label: str) -> None:
+    sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    constants: dict[str, torch.Tensor | None] = {}
+    runtime_args = []
+    for ph, arg in zip(placeholders, call.args):
+        assert isinstance(arg, torch.fx.Node)
+        ph.meta.setdefault("val", arg.meta.get("val"))
+        if arg.op == "get_attr":
+            constants[ph.name] = _attr(gm, str(arg.target))
+        else:
+            constants[ph.name] = None
+            runtime_args.append(arg)
+    _rematerialize_symints(gm, call, sub, dict(zip(placeholders, call.args)))
+    built = build_engine(GraphSource(sub.graph, constants, ranges), spec, label=label)
+    inputs = [ph for ph in placeholders if constants[ph.name] is None]
+    outputs = _outputs(sub)
+    shapes = [[_dim_expr(d, inputs) for d in o.meta["val"].shape] for o in outputs]
+    stats = {"build_seconds": built.build_seconds, "num_layers": built.num_layers, "engine_bytes": len(built.engine)}
+    metadata = engine_op.encode_metadata(built.metadata, shapes, stats)
+    name = f"_tensorrt_engine_{call.target.removeprefix('fused_')}"  # type: ignore[union-attr]
+    gm.register_buffer(name, torch.frombuffer(bytearray(built.engine), dtype=torch.uint8))
+    with gm.graph.inserting_before(call):
+        engine_node = gm.graph.get_attr(name)
+        result = gm.graph.call_function(torch.ops.tensorrt.execute_engine.default, (runtime_args, engine_node, metadata))
+        result.meta["val"] = [o.meta["val"] for o in outputs]
+    _rewire(gm, call, result, sub)
+
+
+def _rematerialize_symints(gm: torch.fx.GraphModule, call: torch.fx.Node, sub: torch.fx.GraphModule,
+                           outer: dict[torch.fx.Node, Any]) -> None:
+    """Sizes the subgraph computes for nodes outside it are recomputed outside (engines return tensors)."""
+    output = next(n for n in sub.graph.nodes if n.op == "output")
+    results = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    keep = [r for r in results if isinstance(r.meta.get("val"), torch.Tensor)]  # type: ignore[union-attr]
+    if len(keep) == len(results):
+        return
+    copies: dict[torch.fx.Node, Any] = dict(outer)
+
+    def copy(node: torch.fx.Node) -> Any:
+        if node not in copies:
+            with gm.graph.inserting_before(call):
+                copies[node] = gm.graph.node_copy(node, lambda n: copy(n))
+        return copies[node]
+
+    for user in list(call.users):
+        index = user.args[1] if user.target is operator.getitem else 0
+        value = results[index]  # type: ignore[index]
+        if not isinstance(value.meta.get("val"), torch.Tensor):  # type: ignore[union-attr]
+            user.replace_all_uses_with(copy(value))  # type: ignore[arg-type]
+            gm.graph.erase_node(user)
+    for user in list(call.users):  # renumber the remaining tensor outputs
+        user.args = (call, keep.index(results[user.args[1]]))  # type: ignore[index]
+    output.args = (tuple(keep),)
+    sub.graph.eliminate_dead_code()
+    sub.recompile()
+
+
+def _attr(gm: torch.nn.Module, target: str) -> torch.Tensor:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _outputs(sub: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    return list(out) if isinstance(out, (tuple, list)) else [out]  # type: ignore[arg-type]
+
+
+def _rewire(gm: torch.fx.GraphModule, call: torch.fx.Node, result: torch.fx.Node, sub: torch.fx.GraphModule) -> None:
+    out = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    if isinstance(out, (tuple, list)):
+        for user in list(call.users):
+            if user.target is operator.getitem:
+                with gm.graph.inserting_before(user):
+                    item = gm.graph.call_function(operator.getitem, (result, user.args[1]))
+                item.meta = dict(user.meta)
+                user.replace_all_uses_with(item)
+                gm.graph.erase_node(user)
+    else:
+        with gm.graph.inserting_before(call):
+            item = gm.graph.call_function(operator.getitem, (result, 0))
+        item.meta = dict(call.meta)
+        call.replace_all_uses_with(item)
+    gm.graph.erase_node(call)
+
+
+def _dim_expr(dim: Any, inputs: list[torch.fx.Node]) -> int | str:
+    """An output dim as an int, or an expression over input dims that the fake kernel evaluates."""
+    if isinstance(dim, int):
+        return dim
+    expr = dim.node.expr
+    names: dict[sympy.Symbol, sympy.Symbol] = {}
+    for i, ph in enumerate(inputs):
+        for d, size in enumerate(ph.meta["val"].shape):
+            if not isinstance(size, int) and isinstance(size.node.expr, sympy.Symbol):
+                names.setdefault(size.node.expr, sympy.Symbol(f"in{i}_{d}"))
+    if not expr.free_symbols <= set(names):
+        raise UnsupportedOperatorError(
+            f"an engine output has size {expr}, which is not a function of the engine's input sizes "
+            "(data-dependent output shapes need an output allocator, which is not supported)"
+        )
+    return str(expr.subs(names))

@@ -1,0 +1,212 @@
+"""The composable staged export: engine-bearing programs in, ExecuTorch's `EdgeProgramManager` out.
+
+TensorRT claims every engine call first (one delegate each), then the caller's partitioners run,
+per method when given as a mapping. Each program is staged first: graph structure, signature,
+state containers, constants and metadata are copied, tensor and engine payloads are shared, so the
+caller's program is exactly as it was after success and after any failure. `save` writes the
+`.pte` (and `.ptd`) through this same code.
+"""
+
+from __future__ import annotations
+
+import copy
+import keyword
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig, to_edge_transform_and_lower
+from executorch.exir.backend.partitioner import Partitioner
+from torch.export import ExportedProgram
+
+from pipeline.errors import ExportError
+from pipeline.tensorrt.compile_spec import METHOD_KEY, TensorRTCompileSpec
+from pipeline.tensorrt.partitioner import TensorRTPartitioner
+from pipeline.tensorrt.report import lowering_report
+
+Source = torch.fx.GraphModule | ExportedProgram | Mapping[str, ExportedProgram]
+PerMethod = Any  # a value, or a mapping of method name -> value
+
+
+def export(
+    source: Source,
+    *,
+    inputs: Sequence[Any] | None = None,
+    partitioners: Sequence[Partitioner] | Mapping[str, Sequence[Partitioner]] | None = None,
+    compile_specs: TensorRTCompileSpec | Mapping[str, TensorRTCompileSpec] | None = None,
+    transform_passes: Sequence[Any] | Mapping[str, Sequence[Any]] | None = None,
+    compile_config: EdgeCompileConfig | None = None,
+    constant_methods: Mapping[str, Any] | None = None,
+    generate_etrecord: bool = False,
+) -> EdgeProgramManager:
+    """Lower engine-bearing programs to an ExecuTorch `EdgeProgramManager`.
+
+    Args:
+        source: an engine-bearing `GraphModule` (with `inputs`), `ExportedProgram`, or a mapping of
+            method names to independent `ExportedProgram`s.
+        inputs: example inputs, required when `source` is a `GraphModule`.
+        partitioners: partitioners that run after TensorRT (a list, or a list per method).
+        compile_specs: TensorRT options (one, or one per method).
+        transform_passes: Edge passes (a list, or a list per method).
+        compile_config: Edge compile config; default skips IR validity checks (engine graphs fail them).
+        constant_methods: name -> value, stored in the program as methods returning constants.
+        generate_etrecord: keep an ETRecord on the returned manager.
+    Returns:
+        The manager; `manager.tensorrt_report` holds the lowering report.
+    Raises:
+        ExportError: bad input (see messages).
+    """
+    programs = _programs(source, inputs)
+    methods = list(programs)
+    specs = _per_method(compile_specs, methods, "compile_specs")
+    chains = _per_method(partitioners, methods, "partitioners")
+    passes = _per_method(transform_passes, methods, "transform_passes")
+    _check_constant_methods(constant_methods, methods)
+    trt = {m: TensorRTPartitioner((specs[m] or TensorRTCompileSpec()).for_method(m), claim_ops=False) for m in methods}
+    chain = {m: [trt[m], *(chains[m] or [])] for m in methods}
+    _check_partitioner_methods(chain)
+    staged = {m: stage(p) for m, p in programs.items()}
+    manager = to_edge_transform_and_lower(
+        staged,
+        transform_passes=passes if any(passes.values()) else None,
+        partitioner=chain,
+        constant_methods=dict(constant_methods) if constant_methods else None,
+        compile_config=compile_config or EdgeCompileConfig(_check_ir_validity=False),
+        generate_etrecord=generate_etrecord,
+    )
+    manager.tensorrt_report = lowering_report(manager._edge_programs, {m: trt[m].record for m in methods})  # type: ignore[attr-defined]
+    return manager
+
+
+def save(source: Source, path: str | os.PathLike[str], *, external_data: bool = False, etrecord: bool = False,
+         **options: Any) -> dict[str, Path]:
+    """Export with `export(**options)` and write `<path>` (.pte), `<base>.ptd` when tensor data is
+    external and any exists, and `<base>_etrecord.bin` with `etrecord`. Files appear complete or not at all.
+
+    Returns:
+        The files written, by kind ("pte", "ptd", "etrecord").
+    """
+    manager = export(source, generate_etrecord=etrecord, **options)
+    program = manager.to_executorch(ExecutorchBackendConfig(external_constants=external_data))
+    target = Path(path)
+    base = target.with_suffix("")
+    written = {"pte": target}
+    with tempfile.TemporaryDirectory(dir=target.parent if target.parent.exists() else None) as tmp:
+        (Path(tmp) / "program.pte").write_bytes(program.buffer)
+        ptd = _tensor_data(program, Path(tmp))
+        if ptd is not None:
+            os.replace(ptd, base.with_suffix(".ptd"))
+            written["ptd"] = base.with_suffix(".ptd")
+        if etrecord:
+            record = Path(f"{base}_etrecord.bin")
+            program.get_etrecord().save(str(Path(tmp) / "etrecord.bin"))
+            os.replace(Path(tmp) / "etrecord.bin", record)
+            written["etrecord"] = record
+        os.replace(Path(tmp) / "program.pte", target)
+    return written
+
+
+def _tensor_data(program: Any, tmp: Path) -> Path | None:
+    """Write the program's external tensor data into one `.ptd` in `tmp`; None when there is none."""
+    if not getattr(program, "_tensor_data", None):
+        return None
+    out = tmp / "data"
+    out.mkdir()
+    program.write_tensor_data_to_file(str(out))
+    files = sorted(out.glob("*.ptd"))
+    if len(files) != 1:
+        raise ExportError(f"expected one .ptd of external tensor data, ExecuTorch wrote {[f.name for f in files]}")
+    return files[0]
+
+
+# ---- staging ------------------------------------------------------------------------------------
+def stage(program: ExportedProgram) -> ExportedProgram:
+    """An independent copy of `program`'s structure that shares its tensor and engine payloads."""
+    graph = torch.fx.Graph()
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    out = graph.graph_copy(program.graph, copies)
+    graph.output(out)
+    for old, new in copies.items():
+        new.name = old.name  # the copy's namespace may rename builtins such as `input`; the signature names them
+    root = torch.fx.GraphModule(program.graph_module, graph)
+    return ExportedProgram(
+        root=root,
+        graph=root.graph,
+        graph_signature=copy.deepcopy(program.graph_signature),
+        state_dict=dict(program.state_dict),
+        range_constraints=dict(program.range_constraints),
+        module_call_graph=copy.deepcopy(program.module_call_graph),
+        example_inputs=program.example_inputs,
+        constants=dict(program.constants),
+        verifiers=[program.verifier],
+    )
+
+
+# ---- validation -----------------------------------------------------------------------------------
+def _programs(source: Source, inputs: Sequence[Any] | None) -> dict[str, ExportedProgram]:
+    if isinstance(source, ExportedProgram):
+        return {"forward": source}
+    if isinstance(source, torch.fx.GraphModule):
+        if inputs is None:
+            raise ExportError("a GraphModule source needs example `inputs=` to be exported; pass the inputs it was compiled with")
+        return {"forward": torch.export.export(source, tuple(inputs))}
+    if isinstance(source, torch.nn.Module):
+        raise ExportError(
+            f"source is a plain {type(source).__name__}; compile it first (pipeline.compile.compile_method) and pass "
+            "the engine-bearing ExportedProgram, or a mapping of method names to ExportedPrograms"
+        )
+    if not isinstance(source, Mapping) or not source:
+        raise ExportError(f"source must be a GraphModule, an ExportedProgram or a non-empty mapping, got {type(source).__name__}")
+    seen: dict[int, str] = {}
+    for name, program in source.items():
+        if not isinstance(program, ExportedProgram):
+            raise ExportError(f"method {name!r} maps to a {type(program).__name__}; expected an ExportedProgram")
+        if id(program) in seen:
+            raise ExportError(
+                f"methods {seen[id(program)]!r} and {name!r} are the same ExportedProgram object; methods must be "
+                "independent programs (export each method separately)"
+            )
+        seen[id(program)] = name
+    return dict(source)
+
+
+def _per_method(value: PerMethod, methods: list[str], what: str) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(methods))
+        if unknown:
+            raise ExportError(f"{what} names unknown method(s) {unknown}; the program's methods are {methods}")
+        return {m: value.get(m) for m in methods}
+    return dict.fromkeys(methods, value)
+
+
+def _check_constant_methods(constants: Mapping[str, Any] | None, methods: list[str]) -> None:
+    for key in constants or {}:
+        if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
+            raise ExportError(f"constant method name {key!r} is not a Python identifier; rename it (e.g. 'max_seq_len')")
+        if key in methods:
+            raise ExportError(f"constant method {key!r} has the name of a program method; pick another name")
+
+
+def _check_partitioner_methods(chains: Mapping[str, Sequence[Partitioner]]) -> None:
+    for method, chain in chains.items():
+        for partitioner in chain:
+            named = _spec_method(partitioner)
+            if named is not None and named != method:
+                raise ExportError(
+                    f"a {type(partitioner).__name__} whose compile specs name method {named!r} is used for method "
+                    f"{method!r}; give each method its own partitioner instance"
+                )
+
+
+def _spec_method(partitioner: Partitioner) -> str | None:
+    spec = getattr(partitioner, "delegation_spec", None)
+    for entry in getattr(spec, "compile_specs", None) or []:
+        if entry.key == METHOD_KEY:
+            value = bytes(entry.value).decode().strip('"')
+            return None if value == "null" else value
+    return None
+
+

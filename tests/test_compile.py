@@ -1,0 +1,70 @@
+"""The compile step: engine-bearing ExportedPrograms with one custom-op call per engine."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.export import Dim
+
+from pipeline.compile import compile_method
+from pipeline.errors import RuntimeUnavailableError
+from pipeline.models.decoder import MethodView, tiny_decoder
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+
+from pipeline.tensorrt.engine_op import decode_metadata, is_engine_call
+from tests.helpers import GPU, assert_close
+from tests.tensorrt.test_partitioner import Mixed, X
+
+
+def _calls(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    return [n for n in program.graph.nodes if is_engine_call(n)]
+
+
+def test_engines_are_op_calls_with_constant_payloads(tmp_path: Path) -> None:
+    program = compile_method(Mixed(), (X,))
+    calls = _calls(program)
+    assert len(calls) == 3  # conv1d and cumsum split the graph
+    buffers = program.graph_signature.inputs_to_buffers
+    for call in calls:
+        engine = program.state_dict[buffers[call.args[1].name]]
+        assert engine.dtype == torch.uint8 and engine.numel() > 1000
+    left = {str(n.target) for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n)}
+    assert "aten.cumsum.default" in left and "aten.convolution.default" in left
+    torch.export.save(program, tmp_path / "mixed.pt2")
+    loaded = torch.export.load(tmp_path / "mixed.pt2")
+    assert len(_calls(loaded)) == 3
+
+
+def test_dynamic_dims_stay_shared_and_output_shapes_follow_inputs() -> None:
+    model = tiny_decoder()
+    tokens = torch.randint(0, 256, (1, 8))
+    _, keys, values = model.prefill(tokens)
+    cache = Dim("cache", min=1, max=100)
+    program = compile_method(MethodView(model, "decode"), (tokens[:, :1], torch.tensor([8]), keys, values),
+                             dynamic_shapes=(({}, {}, {3: cache}, {3: cache}),), method="decode")
+    (call,) = _calls(program)
+    meta, shapes = decode_metadata(call.args[2])
+    assert shapes[1][3].endswith("+ 1")  # the grown cache is one longer than the input cache
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    k, v = (placeholders[name].meta["val"].shape[3] for name in program.graph_signature.user_inputs[2:])
+    assert str(k) == str(v) and not isinstance(k, int)
+    lo, hi = (int(b) for b in (program.range_constraints[k.node.expr].lower, program.range_constraints[k.node.expr].upper))
+    assert (lo, hi) == (1, 100)
+    assert meta.inputs and all(b.dtype in ("float32", "int64") for b in meta.io_bindings)
+
+
+@pytest.mark.skipif(GPU, reason="checks the CPU error message")
+def test_running_without_gpu_names_what_is_needed() -> None:
+    program = compile_method(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    with pytest.raises(RuntimeUnavailableError, match="CUDA GPU"):
+        program.module()(torch.randn(2, 4))
+
+
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_engine_bearing_program_runs_in_pytorch_on_gpu() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    program = compile_method(model, (x,), TensorRTCompileSpec(allow_tf32=False))
+    out = program.module()(x.cuda())
+    with torch.no_grad():
+        assert_close(out, model(x), "fp32")

@@ -1,0 +1,121 @@
+"""The staged export API: TensorRT claims engine calls first, the caller's partitioners follow,
+the caller's programs are never modified, and bad input gets a clear error."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir.pass_base import ExportPass
+from torch.export import Dim
+
+from pipeline import pte
+from pipeline.compile import compile_method
+from pipeline.errors import ExportError
+from pipeline.export import export, save
+from pipeline.models.decoder import MethodView, tiny_decoder
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.partitioner import TensorRTPartitioner
+from tests.tensorrt.test_partitioner import Mixed, X
+
+
+@pytest.fixture(scope="module")
+def mixed() -> torch.export.ExportedProgram:
+    return compile_method(Mixed(), (X,))
+
+
+@pytest.fixture(scope="module")
+def decoder_methods() -> dict[str, torch.export.ExportedProgram]:
+    model = tiny_decoder()
+    tokens = torch.randint(0, 256, (1, 8))
+    _, keys, values = model.prefill(tokens)
+    cache = Dim("cache", min=1, max=100)
+    return {
+        "prefill": compile_method(MethodView(model, "prefill"), (tokens,), method="prefill"),
+        "decode": compile_method(MethodView(model, "decode"), (tokens[:, :1], torch.tensor([8]), keys, values),
+                                 dynamic_shapes=(({}, {}, {3: cache}, {3: cache}),), method="decode"),
+    }
+
+
+def _backends(path: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for call in pte.delegate_calls(pte.load_program(path)):
+        out.setdefault(call.method, []).append(call.backend)
+    return out
+
+
+def test_tensorrt_then_xnnpack(mixed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    files = save(mixed, tmp_path / "mixed.pte", partitioners=[XnnpackPartitioner()])
+    backends = _backends(files["pte"])["forward"]
+    assert backends.count("TensorRTBackend") == 3 and "XnnpackBackend" in backends
+    assert pte.check_tensorrt_io(pte.load_program(files["pte"])) == 3
+    assert "ptd" not in files
+
+
+def test_external_tensor_data(mixed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Without XNNPACK the conv1d stays portable and its weight becomes external tensor data.
+    files = save(mixed, tmp_path / "mixed.pte", external_data=True)
+    assert files["ptd"].stat().st_size > 4 * 4 * 3 * 4 and files["ptd"] == tmp_path / "mixed.ptd"
+    trt_only = save(compile_method(torch.nn.Linear(8, 8), (torch.randn(2, 8),)), tmp_path / "lin.pte", external_data=True)
+    assert "ptd" not in trt_only and not (tmp_path / "lin.ptd").exists()
+    assert _backends(trt_only["pte"]) == {"forward": ["TensorRTBackend"]}
+
+
+def test_prefill_and_decode_keep_their_engines(decoder_methods, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    manager = export(decoder_methods, constant_methods={"max_seq_len": 100, "vocab_size": 256})
+    decode = manager.exported_program("decode")
+    keys, values = (n for n in decode.graph.nodes if n.op == "placeholder" and n.name in decode.graph_signature.user_inputs[2:])
+    assert str(keys.meta["val"].shape[3]) == str(values.meta["val"].shape[3])  # the shared Dim is still shared
+    path = tmp_path / "decoder.pte"
+    path.write_bytes(manager.to_executorch().buffer)
+    assert _backends(path) == {"prefill": ["TensorRTBackend"], "decode": ["TensorRTBackend"]}
+    plans = {p.name: p for p in pte.load_program(path).execution_plan}
+    assert {"max_seq_len", "vocab_size"} <= set(plans)
+    assert manager.tensorrt_report["decode"]["num_engines"] == 1
+
+
+def test_etrecord_is_written(mixed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    files = save(mixed, tmp_path / "m.pte", etrecord=True)
+    assert files["etrecord"].stat().st_size > 0 and files["etrecord"].name == "m_etrecord.bin"
+
+
+def _snapshot(program: torch.export.ExportedProgram) -> tuple:
+    return (str(program.graph), str(program.graph_signature), tuple(program.state_dict),
+            tuple(id(t) for t in program.state_dict.values()), tuple(program.constants))
+
+
+class Boom(ExportPass):
+    def call(self, graph_module):  # type: ignore[no-untyped-def]
+        raise RuntimeError("injected failure")
+
+
+def test_caller_program_unchanged_after_success_and_failure(mixed) -> None:  # type: ignore[no-untyped-def]
+    before = _snapshot(mixed)
+    gm = mixed.module()
+    gm_code = gm.code
+    export(mixed, partitioners=[XnnpackPartitioner()])
+    assert _snapshot(mixed) == before
+    with pytest.raises(Exception, match="'Boom' pass"):
+        export(mixed, transform_passes=[Boom()])
+    assert _snapshot(mixed) == before
+    export(gm, inputs=(X,))
+    assert gm.code == gm_code
+
+
+def test_graph_module_source_needs_inputs(mixed) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ExportError, match="needs example `inputs=`"):
+        export(mixed.module())
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda p: export(Mixed()), "plain Mixed; compile it first"),
+    (lambda p: export({"a": p, "b": p}), "same ExportedProgram object"),
+    (lambda p: export({"forward": p}, partitioners={"fwd": []}), r"unknown method\(s\) \['fwd'\]"),
+    (lambda p: export({"forward": p}, compile_specs={"decode": TensorRTCompileSpec()}), r"unknown method\(s\) \['decode'\]"),
+    (lambda p: export({"forward": p}, constant_methods={"forward": 1}), "has the name of a program method"),
+    (lambda p: export(p, constant_methods={"max-len": 1}), "'max-len' is not a Python identifier"),
+    (lambda p: export(p, partitioners=[TensorRTPartitioner(TensorRTCompileSpec(method="decode"))]), "name method 'decode'"),
+])
+def test_clear_errors(mixed, call, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ExportError, match=message):
+        call(mixed)
