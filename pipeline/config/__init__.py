@@ -1,0 +1,1 @@
+"""Typed pipeline configuration: structured-config schemas, composition of `conf/`, validation."""

@@ -1,0 +1,129 @@
+"""Structured-config schemas, one per config group. `register_configs()` puts them in Hydra's
+ConfigStore; the YAML options in `conf/` extend them, so an unknown key or a wrong type fails at
+composition with Hydra's own message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class InputSpec:
+    """One example input: random values from the model seed (ints in [low, high))."""
+
+    shape: list[int] = MISSING
+    dtype: str = "float32"
+    low: int = 0
+    high: int = 2
+
+
+@dataclass
+class DimSpec:
+    """A dynamic dim shared by every input dim that names it."""
+
+    min: int = 1
+    max: int = MISSING
+
+
+@dataclass
+class MethodSpec:
+    """One program method: the module method it runs, example inputs, dynamic dims."""
+
+    function: str = "forward"
+    inputs: list[InputSpec] = MISSING
+    dims: dict[str, DimSpec] = field(default_factory=dict)
+    dynamic: dict[int, dict[int, str]] = field(default_factory=dict)  # input index -> dim -> dim name
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    _target_: str = MISSING
+    seed: int = 0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    methods: dict[str, MethodSpec] = MISSING
+
+
+@dataclass
+class CompileConfig:
+    """TensorRT compile-spec fields; `per_method` overrides them by method name."""
+
+    precision: str = "fp32"
+    allow_tf32: bool = True
+    optimization_level: int = 3
+    workspace_bytes: int | None = None
+    min_block_size: int = 1
+    timing_cache_path: str | None = None
+    target_compute_capabilities: list[str] = field(default_factory=list)
+    dynamic_shapes: dict[str, dict[int, list[Any]]] = field(default_factory=dict)
+    max_aux_streams: int | None = None
+    per_method: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class PartitionerEntry:
+    """One link of the chain: `tensorrt` (always first), or a partitioner built from `_target_`."""
+
+    name: str = MISSING
+    _target_: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    methods: list[str] | None = None  # None: every method
+
+
+@dataclass
+class PartitionersConfig:
+    chain: list[PartitionerEntry] = MISSING
+
+
+@dataclass
+class PassEntry:
+    _target_: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TransformsConfig:
+    """Edge passes per method (key "*" applies to every method)."""
+
+    passes: dict[str, list[PassEntry]] = field(default_factory=dict)
+
+
+@dataclass
+class SerializeConfig:
+    external_data: bool = False
+    etrecord: bool = False
+    output_name: str | None = None  # default: the model name
+
+
+@dataclass
+class PipelineConfig:
+    model: ModelConfig = MISSING
+    compile: CompileConfig = MISSING
+    partitioners: PartitionersConfig = MISSING
+    transforms: TransformsConfig = MISSING
+    serialize: SerializeConfig = MISSING
+    output_dir: str = "build"
+    allowed_target_prefixes: list[str] = field(
+        default_factory=lambda: ["pipeline.", "torchvision.models.", "executorch.backends.", "executorch.exir.passes."]
+    )
+
+
+GROUPS = {
+    "model": ModelConfig,
+    "compile": CompileConfig,
+    "partitioners": PartitionersConfig,
+    "transforms": TransformsConfig,
+    "serialize": SerializeConfig,
+}
+
+
+def register_configs() -> None:
+    """Register every schema with Hydra's ConfigStore (call before composing)."""
+    cs = ConfigStore.instance()
+    cs.store(name="pipeline_schema", node=PipelineConfig)
+    for group, schema in GROUPS.items():
+        cs.store(group=group, name=f"{group}_schema", node=schema)

@@ -1,0 +1,188 @@
+"""The four build steps, each reading its inputs from disk and writing complete outputs:
+compile (-> .pt2 per method) -> export (-> lowered Edge programs + report.json) -> transform
+(-> transformed Edge programs) -> serialize (-> .pte, .ptd, manifest.json). DVC stages and the
+in-process Hydra app both call these."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager
+from executorch.exir.serde.serialize import load as load_edge
+from executorch.exir.serde.serialize import save as save_edge
+
+from pipeline.compile import compile_method
+from pipeline.config import objects
+from pipeline.export import export, save
+from pipeline.tensorrt.trt_api import flavour
+
+log = logging.getLogger("pipeline")
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """A temporary directory that replaces `path` only when the block succeeds."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write JSON atomically."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False, suffix=".tmp") as tmp:
+        json.dump(data, tmp, indent=2, sort_keys=True, default=str)
+    os.replace(tmp.name, target)
+
+
+def toolchain(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What an engine depends on besides the params: TensorRT flavour and version, targets, torch,
+    executorch, and `$PIPELINE_TOOLCHAIN_EXTRA` when set."""
+    import executorch.version as et_version
+
+    trt = flavour()
+    record = {
+        "tensorrt_module": trt.module,
+        "tensorrt_version": trt.version,
+        "target_compute_capabilities": list(cfg["compile"].get("target_compute_capabilities") or []),
+        "torch": torch.__version__,
+        "executorch": getattr(et_version, "__version__", "unknown"),
+    }
+    extra = os.environ.get("PIPELINE_TOOLCHAIN_EXTRA")
+    if extra:  # what the record cannot see itself, e.g. a container image or driver tag
+        record["extra"] = extra
+    return record
+
+
+def run_compile(cfg: Mapping[str, Any], out_dir: str | Path) -> None:
+    """Compile every method into `<out_dir>/<method>.pt2`."""
+    model = objects.model(cfg)
+    with atomic_dir(out_dir) as tmp:
+        for method, spec in cfg["model"]["methods"].items():
+            start = time.perf_counter()
+            log.info("compile: method %r of %s", method, cfg["model"]["name"])
+            program = compile_method(
+                objects.method_module(model, spec), objects.example_inputs(spec, cfg["model"]["seed"]),
+                objects.compile_spec(cfg, method), objects.dynamic_shapes(spec, spec.get("function", "forward")), method,
+            )
+            torch.export.save(program, tmp / f"{method}.pt2")
+            log.info("compile: method %r done in %.1f s", method, time.perf_counter() - start)
+
+
+def run_export(cfg: Mapping[str, Any], compiled: str | Path, out_dir: str | Path, report: str | Path) -> None:
+    """Lower the compiled methods (TensorRT first, then the configured chain) into Edge programs."""
+    methods = list(cfg["model"]["methods"])
+    programs = {m: torch.export.load(Path(compiled) / f"{m}.pt2") for m in methods}
+    manager = export(programs, partitioners={m: objects.partitioners(cfg, m) for m in methods},
+                     compile_specs={m: objects.compile_spec(cfg, m) for m in methods})
+    _save_edge(manager, methods, out_dir)
+    write_json(report, manager.tensorrt_report)  # type: ignore[attr-defined]
+
+
+def run_transform(cfg: Mapping[str, Any], in_dir: str | Path, out_dir: str | Path) -> None:
+    """Apply the configured Edge passes per method."""
+    methods = list(cfg["model"]["methods"])
+    manager = _load_edge(methods, in_dir)
+    passes = {m: objects.transform_passes(cfg, m) for m in methods}
+    if any(passes.values()):
+        manager = manager.transform(passes)
+    _save_edge(manager, methods, out_dir)
+
+
+def run_serialize(cfg: Mapping[str, Any], in_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
+    """Write `<name>.pte` (+ `.ptd`, ETRecord) and `manifest.json` into `out_dir`."""
+    methods = list(cfg["model"]["methods"])
+    manager = _load_edge(methods, in_dir)
+    name = cfg["serialize"].get("output_name") or cfg["model"]["name"]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = _serialize(manager, out / f"{name}.pte", cfg["serialize"])
+    write_json(out / "manifest.json", manifest(cfg, files))
+    return files
+
+
+def _serialize(manager: EdgeProgramManager, path: Path, options: Mapping[str, Any]) -> dict[str, Path]:
+    from executorch.exir import ExecutorchBackendConfig
+
+    program = manager.to_executorch(ExecutorchBackendConfig(external_constants=bool(options.get("external_data"))))
+    stale = path.with_suffix(".ptd")
+    written = {"pte": path}
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        (Path(tmp) / "p.pte").write_bytes(program.buffer)
+        if getattr(program, "_tensor_data", None):
+            (Path(tmp) / "data").mkdir()
+            program.write_tensor_data_to_file(str(Path(tmp) / "data"))
+            (ptd,) = sorted((Path(tmp) / "data").glob("*.ptd"))
+            os.replace(ptd, stale)
+            written["ptd"] = stale
+        elif stale.exists():
+            stale.unlink()
+        os.replace(Path(tmp) / "p.pte", path)
+    return written
+
+
+def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path]) -> dict[str, Any]:
+    """Content hashes of the outputs, the composed config, toolchain versions and the git revision."""
+    return {
+        "files": {kind: {"name": p.name, "sha256": _sha256(p), "bytes": p.stat().st_size} for kind, p in files.items()},
+        "config": dict(cfg),
+        "toolchain": toolchain(cfg),
+        "git_revision": _git_revision(),
+    }
+
+
+def run_all(cfg: Mapping[str, Any], build_dir: str | Path) -> dict[str, Path]:
+    """All four steps in-process into `build_dir` (what `python -m pipeline` runs)."""
+    build = Path(build_dir)
+    run_compile(cfg, build / "compiled")
+    run_export(cfg, build / "compiled", build / "exported", build / "report.json")
+    run_transform(cfg, build / "exported", build / "transformed")
+    return run_serialize(cfg, build / "transformed", build)
+
+
+def _save_edge(manager: EdgeProgramManager, methods: list[str], out_dir: str | Path) -> None:
+    with atomic_dir(out_dir) as tmp:
+        for m in methods:
+            save_edge(manager.exported_program(m), str(tmp / f"{m}.edge"))
+
+
+def _load_edge(methods: list[str], in_dir: str | Path) -> EdgeProgramManager:
+    import pipeline.tensorrt.backend  # noqa: F401  (delegates deserialize by backend id)
+
+    programs = {m: load_edge(str(Path(in_dir) / f"{m}.edge")) for m in methods}
+    return EdgeProgramManager(programs, compile_config=EdgeCompileConfig(_check_ir_validity=False))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _git_revision() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"

@@ -1,0 +1,22 @@
+"""DVC stage `export`: lower compiled methods (TensorRT first, then the chain) to Edge programs."""
+
+from __future__ import annotations
+
+import argparse
+
+from _common import setup
+
+from pipeline.steps import run_export
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("compiled")
+    parser.add_argument("out_dir")
+    parser.add_argument("report")
+    args = parser.parse_args()
+    run_export(setup(), args.compiled, args.out_dir, args.report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Config composition: every group option and experiment composes and instantiates; bad configs
+fail before any build with a clear message; params.yaml is the composition of the defaults."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+from hydra.errors import ConfigCompositionException
+
+from pipeline.config import objects
+from pipeline.config.compose import CONF_DIR, compose
+from pipeline.errors import ConfigError
+
+GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in
+          ("model", "compile", "partitioners", "transforms", "serialize")}
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g, opts in GROUPS.items() for o in opts])
+def test_every_option_composes_and_instantiates(group: str, option: str) -> None:
+    cfg = OmegaConf.to_container(compose([f"{group}={option}"]), resolve=True)
+    for method, spec in cfg["model"]["methods"].items():
+        assert objects.compile_spec(cfg, method).method == method
+        objects.partitioners(cfg, method)
+        objects.transform_passes(cfg, method)
+        assert len(objects.example_inputs(spec, 0)) == len(spec["inputs"])
+    if group == "model":
+        assert objects.model(cfg) is not None
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
+def test_every_experiment_composes(experiment: str) -> None:
+    cfg = compose([f"+experiment={experiment}"])
+    assert cfg.model.name and cfg.partitioners.chain[0].name == "tensorrt"
+
+
+def test_shared_dims_are_one_dim() -> None:
+    cfg = OmegaConf.to_container(compose(["model=tiny_decoder"]), resolve=True)
+    (shapes,) = objects.dynamic_shapes(cfg["model"]["methods"]["decode"], "decode")
+    assert shapes[2][3] is shapes[3][3]
+
+
+def test_committed_params_equal_default_composition() -> None:
+    committed = yaml.safe_load((CONF_DIR.parent / "params.yaml").read_text())
+    assert committed == OmegaConf.to_container(compose([]), resolve=True), "run `python -m pipeline.config.compose`"
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    (["compile.precison=fp16"], ConfigCompositionException, "precison"),
+    (["compile.optimization_level=high"], ConfigCompositionException, "optimization_level=high"),
+    (["partitioners.chain=[{name: xnnpack, _target_: executorch.backends.xnnpack.partition.xnnpack_partitioner.XnnpackPartitioner}, {name: tensorrt}]"],
+     ConfigError, "must start with `- name: tensorrt`"),
+    (["+compile.per_method={decode: {precision: fp16}}"], ConfigError, r"unknown method\(s\) \['decode'\]"),
+    (["transforms=dead_code", "++transforms.passes={prefill: [{_target_: pipeline.transforms.RemoveDeadCode}]}"],
+     ConfigError, r"unknown method\(s\) \['prefill'\]"),
+    (["++transforms.passes={forward: [{_target_: os.system}]}"], ConfigError, "'os.system' is outside the allowed module prefixes"),
+])
+def test_bad_configs_fail_at_composition(overrides: list[str], error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        compose(overrides)
+
+
+def test_bad_compile_values_fail_before_build() -> None:
+    cfg = OmegaConf.to_container(compose(["compile.precision=int4"]), resolve=True)
+    with pytest.raises(Exception, match="precision='int4' is not supported"):
+        objects.compile_spec(cfg, "forward")
+
+
+def test_allowed_prefixes_are_extendable(tmp_path: Path) -> None:
+    cfg = compose(["++transforms.passes={forward: [{_target_: mypkg.MyPass}]}", "allowed_target_prefixes=[pipeline.,mypkg.]"])
+    assert cfg.transforms.passes.forward[0]._target_ == "mypkg.MyPass"

@@ -1,0 +1,95 @@
+"""The declarative pipeline for real: a temporary git + DVC repo, `dvc repro`, `dvc exp run -S`,
+the compose command, the toolchain record, and a Hydra multirun sweep."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("dvc") is None, reason="needs the dvc command")
+
+
+def _run(cmd: list[str], cwd: Path, **env: str) -> str:
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
+    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def _stages_run(output: str) -> list[str]:
+    return re.findall(r"Running stage '(\w+)'", output)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("project")
+    for item in ("conf", "stages", "pipeline", "hydra_plugins", "dvc.yaml", "params.yaml"):
+        src = ROOT / item
+        if src.is_dir():
+            shutil.copytree(src, path / item, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(src, path / item)
+    _run(["git", "init", "-q"], path)
+    _run(["dvc", "init", "-q"], path)
+    _run(["dvc", "config", "hydra.enabled", "True"], path)
+    _run(["git", "add", "-A"], path)
+    _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], path)
+    return path
+
+
+def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
+    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "compile", "export", "transform", "serialize"]
+    out = repo / "build" / "mlp"
+    assert (out / "mlp.pte").stat().st_size > 10_000
+    assert json.loads((out / "report.json").read_text())["forward"]["num_engines"] == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["files"]["pte"]["sha256"] and manifest["toolchain"]["tensorrt_version"]
+
+    # Nothing changed: only the always-run toolchain record is rewritten (identically).
+    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain"]
+
+    # A transform change reruns transform and serialize only.
+    _run([sys.executable, "-m", "pipeline.config.compose", "transforms=dead_code"], repo)
+    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "transform", "serialize"]
+
+    # A compile-spec change reruns compile and everything after it.
+    _run([sys.executable, "-m", "pipeline.config.compose", "transforms=dead_code", "compile.precision=fp16"], repo)
+    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "compile", "export", "transform", "serialize"]
+    assert json.loads((out / "manifest.json").read_text())["config"]["compile"]["precision"] == "fp16"
+
+    # A changed toolchain record reruns compile (and what follows); the same record again does not.
+    changed = _stages_run(_run(["dvc", "repro"], repo, PIPELINE_TOOLCHAIN_EXTRA="driver-2"))
+    assert changed[:2] == ["toolchain", "compile"]
+    assert _stages_run(_run(["dvc", "repro"], repo, PIPELINE_TOOLCHAIN_EXTRA="driver-2")) == ["toolchain"]
+
+
+def test_exp_run_applies_overrides(repo: Path) -> None:
+    _run([sys.executable, "-m", "pipeline.config.compose"], repo)
+    _run(["git", "add", "-A"], repo)
+    _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "defaults", "--allow-empty"], repo)
+    _run(["dvc", "exp", "run", "-S", "compile.optimization_level=1"], repo)
+    manifest = json.loads((repo / "build" / "mlp" / "manifest.json").read_text())
+    assert manifest["config"]["compile"]["optimization_level"] == 1
+    assert "optimization_level" in _run(["dvc", "exp", "show", "--no-pager", "--md"], repo)
+
+
+def test_hydra_multirun_sweep(tmp_path: Path) -> None:
+    _run([sys.executable, "-m", "pipeline", "-m", "compile.precision=fp32,fp16", f"hydra.sweep.dir={tmp_path}"], ROOT)
+    outputs = sorted(tmp_path.glob("*/mlp.pte"))
+    assert len(outputs) == 2 and outputs[0].read_bytes() != outputs[1].read_bytes()
+    for pte in outputs:
+        manifest = json.loads((pte.parent / "manifest.json").read_text())
+        assert manifest["files"]["pte"]["bytes"] == pte.stat().st_size
+    precisions = {json.loads((p.parent / "params.json").read_text())["compile"]["precision"] for p in outputs}
+    assert precisions == {"fp32", "fp16"}
+
+
+def test_bad_config_fails_before_any_build(repo: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "pipeline.config.compose", "partitioners=tensorrt_xnnpack",
+                             "++partitioners.chain.0.name=xnnpack"], cwd=repo, capture_output=True, text=True)
+    assert result.returncode != 0 and "must start with `- name: tensorrt`" in result.stderr
