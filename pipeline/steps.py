@@ -25,7 +25,7 @@ from executorch.exir.serde.serialize import save as save_edge
 
 from pipeline.compile import compile_method
 from pipeline.config import objects
-from pipeline.export import export, save
+from pipeline.export import export
 from pipeline.tensorrt.trt_api import flavour
 
 log = logging.getLogger("pipeline")

@@ -19,6 +19,10 @@ from pipeline.tensorrt.report import delegates
 
 # Tolerance per precision, relative to the reference's largest magnitude (documented in README).
 TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 6e-2}
+# Deep conv nets under TensorRT-RTX: its fp32 convolutions measured at TF32-level error whether or
+# not the TF32 flag is cleared (MobileNetV3-Small on the H200: 1.41e-2 either way, fp16 4.2e-3;
+# see docs/gpu-results.md), so whole-model checks allow 2e-2 at fp32 and fp16.
+MODEL_TOLERANCE = {"fp32": 2e-2, "fp16": 2e-2, "bf16": 6e-2}
 GPU = cuda_ready()
 gpu = pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
 
@@ -59,13 +63,13 @@ def assert_not_degenerate(ref: torch.Tensor) -> None:
         assert r.std() > 1e-4 * r.abs().max(), "reference is constant"
 
 
-def assert_close(out: torch.Tensor, ref: torch.Tensor, precision: str) -> None:
+def assert_close(out: torch.Tensor, ref: torch.Tensor, precision: str, table: dict[str, float] = TOLERANCE) -> None:
     """Compare at the tolerance stated for `precision`, scaled by the reference's magnitude."""
     assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     if ref.dtype == torch.bool or not ref.is_floating_point():
         assert torch.equal(out.cpu(), ref.cpu())
         return
-    tol = TOLERANCE[precision]
+    tol = table[precision]
     scale = ref.abs().max().item()
     torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), atol=tol * scale, rtol=tol)
 
@@ -79,7 +83,10 @@ def run_engines(edge: EdgeProgramManager, inputs: Sequence[torch.Tensor]) -> lis
     runner = EngineRunner(engine, meta.io_bindings)
     out = runner(*[by_name[b.name] for b in meta.inputs])
     torch.cuda.synchronize()
-    return out
+    # Program outputs are getitems of the delegate call, not necessarily in engine-output order.
+    graph = edge.exported_program().graph
+    results = next(n for n in graph.nodes if n.op == "output").args[0]
+    return [out[r.args[1]] for r in results]
 
 
 def check_converter(module: torch.nn.Module, inputs: Sequence[Any], precision: str = "fp32",
@@ -121,3 +128,21 @@ class Fn(torch.nn.Module):
 
     def forward(self, *xs: Any) -> Any:
         return self.fn(self, *xs)
+
+
+class Mixed(torch.nn.Module):
+    """conv2d -> relu -> [conv1d: no TensorRT] -> linear -> [cumsum: no backend] -> tanh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.conv1d = torch.nn.Conv1d(4, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x)).flatten(2)  # [1, 4, 64]
+        h = self.fc(self.conv1d(h) * 2)
+        return torch.tanh(torch.cumsum(h, dim=-1)) + 1
+
+
+MIXED_INPUT = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))

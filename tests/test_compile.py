@@ -10,10 +10,9 @@ from pipeline.compile import compile_method
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.models.decoder import MethodView, tiny_decoder
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-
 from pipeline.tensorrt.engine_op import decode_metadata, is_engine_call
-from tests.helpers import GPU, assert_close
-from tests.tensorrt.test_partitioner import Mixed, X
+from tests.helpers import GPU, Mixed, assert_close
+from tests.helpers import MIXED_INPUT as X
 
 
 def _calls(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:

@@ -16,7 +16,8 @@ from pipeline.export import export, save
 from pipeline.models.decoder import MethodView, tiny_decoder
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.partitioner import TensorRTPartitioner
-from tests.tensorrt.test_partitioner import Mixed, X
+from tests.helpers import MIXED_INPUT as X
+from tests.helpers import Mixed
 
 
 @pytest.fixture(scope="module")

@@ -50,11 +50,11 @@ def _known(keys: list[str], methods: list[str], where: str) -> None:
 
 def _targets(node: Any, where: str) -> Iterator[tuple[str, Any]]:
     if isinstance(node, DictConfig):
-        for key, value in node.items_ex(resolve=True) if hasattr(node, "items_ex") else node.items():
+        for key, value in node.items():
             if key == "_target_" and value is not None:
                 yield where, value
             else:
-                yield from _targets(value, f"{where}.{key}")
+                yield from _targets(value, f"{where}.{key!s}")
     elif isinstance(node, ListConfig):
         for i, value in enumerate(node):
             yield from _targets(value, f"{where}[{i}]")

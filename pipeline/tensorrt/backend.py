@@ -9,9 +9,9 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
+from pipeline.errors import BlobFormatError
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.builder import build_engine
-from pipeline.errors import BlobFormatError
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_op import build_info, decode_metadata, is_engine_call
 from pipeline.tensorrt.network import graph_source
@@ -58,6 +58,8 @@ def engine_blob(program: ExportedProgram) -> tuple[bytes, dict[str, object]] | N
     meta, _ = decode_metadata(metadata)
     sources = graph_source(program).constants
     engine = sources[engine_node.name]
+    if engine is None:
+        raise BlobFormatError(f"engine call {call.name} reads its engine from a runtime input, not a program constant")
     user_inputs = list(program.graph_signature.user_inputs)
     out_node = next(n for n in program.graph.nodes if n.op == "output")
     outputs = [n.args[1] for n in out_node.args[0]]

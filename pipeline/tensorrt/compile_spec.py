@@ -139,6 +139,10 @@ def _validate(spec: TensorRTCompileSpec) -> None:
         raise CompileSpecError(f"min_block_size={spec.min_block_size!r} must be an integer >= 1")
     if spec.max_aux_streams is not None and (not isinstance(spec.max_aux_streams, int) or spec.max_aux_streams < 0):
         raise CompileSpecError(f"max_aux_streams={spec.max_aux_streams!r} must be an integer >= 0 or null")
+    _validate_targets_and_ranges(spec)
+
+
+def _validate_targets_and_ranges(spec: TensorRTCompileSpec) -> None:
     for cap in spec.target_compute_capabilities:
         major, _, minor = str(cap).partition(".")
         if not (major.isdigit() and minor.isdigit()):

@@ -18,8 +18,8 @@ from pipeline.errors import CompileSpecError
 from pipeline.tensorrt import backend as _backend  # noqa: F401  (ExecuTorch finds TensorRTBackend by subclass)
 from pipeline.tensorrt.blob import BACKEND_ID
 from pipeline.tensorrt.compile_spec import DimRange, TensorRTCompileSpec
-from pipeline.tensorrt.engine_op import is_engine_call
 from pipeline.tensorrt.converters.registry import SYMINT_BUILTINS, aten_op, lookup, supported_ops
+from pipeline.tensorrt.engine_op import is_engine_call
 from pipeline.tensorrt.support import TensorRTOperatorSupport, refusal_reason
 
 

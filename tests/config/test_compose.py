@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from pipeline.config import objects
 from pipeline.config.compose import CONF_DIR, compose

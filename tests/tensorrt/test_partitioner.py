@@ -7,25 +7,9 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from pipeline import pte
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.report import lowering_report
-from tests.helpers import leftover_ops, lower, tensorrt_blobs
+from tests.helpers import MIXED_INPUT, Mixed, leftover_ops, lower, tensorrt_blobs
 
-
-class Mixed(torch.nn.Module):
-    """conv2d -> relu -> [conv1d: no TensorRT] -> linear -> [cumsum: no backend] -> tanh."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
-        self.conv1d = torch.nn.Conv1d(4, 4, 3, padding=1)
-        self.fc = torch.nn.Linear(64, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.conv(x)).flatten(2)  # [1, 4, 64]
-        h = self.fc(self.conv1d(h) * 2)
-        return torch.tanh(torch.cumsum(h, dim=-1)) + 1
-
-
-X = torch.randn(1, 3, 8, 8)
+X = MIXED_INPUT
 
 
 def _counts(edge) -> dict:  # type: ignore[no-untyped-def]
