@@ -1,5 +1,5 @@
-"""`python -m pipeline [OVERRIDES]`: the Hydra app that runs compile, export, transform and
-serialize in-process for one composed config, writing into Hydra's run directory;
+"""`python -m pipeline [OVERRIDES]`: the Hydra app that runs compile, export, transform,
+serialize and validate in-process for one composed config, writing into Hydra's run directory;
 `python -m pipeline -m compile.precision=fp32,fp16 model=mlp,resnet18` sweeps with multirun."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main(cfg: DictConfig) -> None:
     validate(cfg)
     out = HydraConfig.get().runtime.output_dir
     container = OmegaConf.to_container(cfg, resolve=True)
-    files = run_all(container, out)  # type: ignore[arg-type]
+    files = run_all(container, out, validate=True)  # type: ignore[arg-type]
     write_json(f"{out}/params.json", container)
     log.info("wrote %s", ", ".join(str(p) for p in files.values()))
 

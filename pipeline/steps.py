@@ -151,13 +151,29 @@ def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path]) -> dict[str, Any
     }
 
 
-def run_all(cfg: Mapping[str, Any], build_dir: str | Path) -> dict[str, Path]:
-    """All four steps in-process into `build_dir` (what `python -m pipeline` runs)."""
+def run_validate(cfg: Mapping[str, Any], build_dir: str | Path, metrics: str | Path) -> dict[str, Any]:
+    """Run the built program against eager PyTorch and write `metrics`."""
+    from pipeline.validate import validate_program
+
+    name = cfg["serialize"].get("output_name") or cfg["model"]["name"]
+    pte = Path(build_dir) / f"{name}.pte"
+    ptd = pte.with_suffix(".ptd")
+    result = validate_program(cfg, pte, ptd if ptd.exists() else None)
+    write_json(metrics, result)
+    return result
+
+
+def run_all(cfg: Mapping[str, Any], build_dir: str | Path, validate: bool = False) -> dict[str, Path]:
+    """The steps in-process into `build_dir` (what `python -m pipeline` runs), validate optionally."""
     build = Path(build_dir)
     run_compile(cfg, build / "compiled")
     run_export(cfg, build / "compiled", build / "exported", build / "report.json")
     run_transform(cfg, build / "exported", build / "transformed")
-    return run_serialize(cfg, build / "transformed", build)
+    files = run_serialize(cfg, build / "transformed", build)
+    if validate:
+        run_validate(cfg, build, build / "metrics.json")
+        files["metrics"] = build / "metrics.json"
+    return files
 
 
 def _save_edge(manager: EdgeProgramManager, methods: list[str], out_dir: str | Path) -> None:

@@ -43,8 +43,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
-    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "compile", "export", "transform", "serialize"]
+    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "compile", "export", "transform", "serialize",
+                                                         "validate"]
     out = repo / "build" / "mlp"
+    assert "forward" in json.loads((out / "metrics.json").read_text())["methods"]
     assert (out / "mlp.pte").stat().st_size > 10_000
     assert json.loads((out / "report.json").read_text())["forward"]["num_engines"] == 1
     manifest = json.loads((out / "manifest.json").read_text())
@@ -55,11 +57,12 @@ def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
 
     # A transform change reruns transform and serialize only.
     _run([sys.executable, "-m", "pipeline.config.compose", "transforms=dead_code"], repo)
-    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "transform", "serialize"]
+    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "transform", "serialize", "validate"]
 
     # A compile-spec change reruns compile and everything after it.
     _run([sys.executable, "-m", "pipeline.config.compose", "transforms=dead_code", "compile.precision=fp16"], repo)
-    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "compile", "export", "transform", "serialize"]
+    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "compile", "export", "transform", "serialize",
+                                                         "validate"]
     assert json.loads((out / "manifest.json").read_text())["config"]["compile"]["precision"] == "fp16"
 
     # A changed toolchain record reruns compile (and what follows); the same record again does not.

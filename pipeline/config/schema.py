@@ -100,12 +100,22 @@ class SerializeConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    """How the validate step and the benchmark run programs (pipeline.runtime)."""
+
+    cuda_graph: bool = False
+    runtime_cache_path: str | None = None
+    validation_seed: int = 1
+
+
+@dataclass
 class PipelineConfig:
     model: ModelConfig = MISSING
     compile: CompileConfig = MISSING
     partitioners: PartitionersConfig = MISSING
     transforms: TransformsConfig = MISSING
     serialize: SerializeConfig = MISSING
+    runtime: RuntimeConfig = MISSING
     output_dir: str = "build"
     allowed_target_prefixes: list[str] = field(
         default_factory=lambda: ["pipeline.", "torchvision.models.", "executorch.backends.", "executorch.exir.passes."]
@@ -118,6 +128,7 @@ GROUPS = {
     "partitioners": PartitionersConfig,
     "transforms": TransformsConfig,
     "serialize": SerializeConfig,
+    "runtime": RuntimeConfig,
 }
 
 

@@ -1,0 +1,46 @@
+"""Delegate execution: TensorRT delegates run through the TensorRT runtime on the program's shared
+CUDA stream; any other backend gets a clear error naming what would be needed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeline.errors import RuntimeUnavailableError
+from pipeline.tensorrt import blob
+from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
+from pipeline.tensorrt.trt_api import available
+
+
+class TensorRTDelegate:
+    """One TensorRT delegate of a method: its engine runner and its value indices."""
+
+    def __init__(self, payload: bytes, args: list[int], options: RuntimeOptions, stream: Any) -> None:
+        meta, engine = blob.decode(payload)
+        self.inputs = args[: len(meta.inputs)]
+        self.outputs = args[len(meta.inputs):]
+        self.runner = EngineRunner(engine, meta.io_bindings, options, stream)
+
+    def __call__(self, values: list[Any]) -> None:
+        # The engine writes straight into the planned output tensors (no copies, no host trips).
+        self.runner(*[values[i] for i in self.inputs], outputs=[values[i] for i in self.outputs])
+
+
+def make_delegate(backend: str, payload: bytes, args: list[int], options: RuntimeOptions, stream: Any) -> Any:
+    """The executor of one delegate call.
+
+    Raises:
+        RuntimeUnavailableError: a backend other than TensorRT, or no CUDA / TensorRT here.
+    """
+    if backend != blob.BACKEND_ID:
+        raise RuntimeUnavailableError(
+            f"this program has a {backend} delegate, which pipeline.runtime cannot execute; run it with "
+            "ExecuTorch's runtime (executorch.runtime), or lower without that backend"
+        )
+    if not torch.cuda.is_available() or not available():
+        raise RuntimeUnavailableError(
+            "this program has TensorRT delegates, which need a CUDA GPU and TensorRT (`pip install -e '.[tensorrt]'` "
+            "or '.[tensorrt-rtx]'); none is available here"
+        )
+    return TensorRTDelegate(payload, args, options, stream)

@@ -1,0 +1,101 @@
+"""Materialise a `.pte` execution plan's values (EValues) as Python objects: tensors with their
+constant data (inline, or by name from a `.ptd`), ints, lists, strings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from pipeline.errors import RuntimeUnavailableError
+
+# ExecuTorch ScalarType numbers -> torch dtypes.
+SCALAR_TYPES = {
+    0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+    6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16,
+}
+
+
+def dtype_of(scalar_type: Any) -> torch.dtype:
+    """The torch dtype of an ExecuTorch ScalarType (enum or number)."""
+    number = int(getattr(scalar_type, "value", scalar_type))
+    if number not in SCALAR_TYPES:
+        raise RuntimeUnavailableError(f"ExecuTorch scalar type {scalar_type} has no PyTorch equivalent here")
+    return SCALAR_TYPES[number]
+
+
+def materialise(plan: Any, program: Any, external: Mapping[str, bytes], device: torch.device) -> list[Any]:
+    """One Python object per value of `plan`; list values stay as index lists (resolved per call).
+
+    Planned tensors are views into one arena per memory id at their planned offsets, exactly as
+    ExecuTorch lays them out: memory-planned views (no instruction writes them) alias their source.
+    """
+    arenas = [torch.zeros(int(size), dtype=torch.uint8, device=device) for size in plan.non_const_buffer_sizes]
+    out: list[Any] = []
+    for value in plan.values:
+        val = value.val
+        kind = type(val).__name__
+        if kind == "Tensor":
+            out.append(_tensor(val, program, external, device, arenas))
+        elif kind == "Double":
+            out.append(float(val.double_val))  # non-finite doubles come back as strings ("-inf")
+        elif kind in ("Int", "Bool"):
+            out.append(val.int_val if kind == "Int" else val.bool_val)
+        elif kind == "String":
+            out.append(val.string_val)
+        elif kind in ("IntList", "TensorList", "OptionalTensorList"):
+            out.append(_IndexList(kind, list(val.items)))
+        elif kind == "DoubleList":
+            out.append([float(x) for x in val.items])
+        elif kind == "BoolList":
+            out.append(list(val.items))
+        elif kind == "Null":
+            out.append(None)
+        else:
+            raise RuntimeUnavailableError(f"value kind {kind} is not supported by pipeline.runtime")
+    return out
+
+
+class _IndexList:
+    """A list value whose items are other values (resolved when an instruction reads it)."""
+
+    def __init__(self, kind: str, items: list[int]) -> None:
+        self.kind = kind
+        self.items = items
+
+    def resolve(self, values: list[Any]) -> list[Any]:
+        return [None if i < 0 else values[i] for i in self.items]
+
+
+def _tensor(t: Any, program: Any, external: Mapping[str, bytes], device: torch.device,
+            arenas: list[torch.Tensor]) -> torch.Tensor:
+    dtype = dtype_of(t.scalar_type)
+    sizes = [int(s) for s in t.sizes]
+    if list(t.dim_order) != sorted(t.dim_order):
+        raise RuntimeUnavailableError(f"tensor with dim order {list(t.dim_order)} is not supported (contiguous only)")
+    info = t.extra_tensor_info
+    if info is not None and getattr(info, "fully_qualified_name", None) and int(getattr(info.location, "value", 0)) == 1:
+        name = info.fully_qualified_name
+        if name not in external:
+            raise RuntimeUnavailableError(f"tensor {name!r} lives in a .ptd file; pass its path to pipeline.runtime.load")
+        return _from_bytes(external[name], dtype, sizes, device)
+    if t.data_buffer_idx > 0:
+        return _from_bytes(program.constant_buffer[t.data_buffer_idx].storage, dtype, sizes, device)
+    if t.allocation_info is not None:
+        info = t.allocation_info
+        offset = int(info.memory_offset_low) + (int(info.memory_offset_high) << 32)
+        count = 1
+        for s in sizes:
+            count *= s
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        return arenas[info.memory_id][offset : offset + nbytes].view(dtype).view(sizes)
+    return torch.zeros(sizes, dtype=dtype, device=device)
+
+
+def _from_bytes(data: bytes, dtype: torch.dtype, sizes: list[int], device: torch.device) -> torch.Tensor:
+    count = 1
+    for s in sizes:
+        count *= s
+    flat = torch.frombuffer(bytearray(data), dtype=dtype, count=count) if count else torch.empty(0, dtype=dtype)
+    return flat.reshape(sizes).to(device)

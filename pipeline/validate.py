@@ -1,0 +1,51 @@
+"""The validate step: run each method of a built `.pte` with `pipeline.runtime` on fixed-seed inputs
+and compare with eager PyTorch; write `metrics.json` (errors, which runtime, file sizes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.config import objects
+from pipeline.errors import RuntimeUnavailableError
+from pipeline.runtime import load
+from pipeline.tensorrt.engine_runner import RuntimeOptions
+
+
+def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dict[str, Any]:
+    """Per-method error metrics of `pte` against eager PyTorch.
+
+    A method the runtime cannot execute here (no GPU for TensorRT delegates) gets `runtime: null`
+    and the reason, not an error: CPU-only machines still build and check everything else.
+    """
+    options = RuntimeOptions(bool(cfg["runtime"]["cuda_graph"]), cfg["runtime"].get("runtime_cache_path"))
+    model = objects.model(cfg)
+    seed = int(cfg["runtime"]["validation_seed"])
+    metrics: dict[str, Any] = {"files": {"pte_bytes": pte.stat().st_size, "ptd_bytes": ptd.stat().st_size if ptd else 0}}
+    try:
+        program = load(pte, ptd, options)
+    except RuntimeUnavailableError as exc:
+        return {**metrics, "methods": {m: _skipped(exc) for m in cfg["model"]["methods"]}}
+    methods = {}
+    for name, spec in cfg["model"]["methods"].items():
+        inputs = objects.example_inputs(spec, seed)
+        try:
+            outs = program.method(name).execute(list(inputs))
+        except RuntimeUnavailableError as exc:
+            methods[name] = _skipped(exc)
+            continue
+        with torch.no_grad():
+            refs = getattr(model, spec.get("function", "forward"))(*inputs)
+        refs = list(refs) if isinstance(refs, (tuple, list)) else [refs]
+        abs_err = max(float((o.cpu().float() - r.float()).abs().max()) for o, r in zip(outs, refs))
+        scale = max(float(r.float().abs().max()) for r in refs)
+        methods[name] = {"runtime": f"pipeline.runtime ({program.device.type})", "max_abs_error": abs_err,
+                         "max_rel_error": abs_err / scale if scale else abs_err}
+    return {**metrics, "methods": methods}
+
+
+def _skipped(exc: Exception) -> dict[str, Any]:
+    return {"runtime": None, "max_abs_error": None, "max_rel_error": None, "reason": str(exc)}

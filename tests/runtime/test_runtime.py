@@ -1,0 +1,132 @@
+"""pipeline.runtime: equal to ExecuTorch's own runtime on CPU for every zoo model and method;
+clear errors for what it cannot run; on a GPU, zoo .pte files built with TensorRT match eager."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from executorch.exir import to_edge_transform_and_lower
+from omegaconf import OmegaConf
+
+from pipeline.config import objects
+from pipeline.config.compose import compose
+from pipeline.errors import RuntimeUnavailableError
+from pipeline.runtime import load
+from pipeline.steps import run_all
+from tests.helpers import GPU, MODEL_TOLERANCE, assert_close, assert_not_degenerate
+
+ZOO = ["mlp", "mobilenet_v3_small", "resnet18", "tiny_decoder"]
+
+
+def _cfg(*overrides: str) -> dict[str, Any]:
+    return OmegaConf.to_container(compose(list(overrides)), resolve=True)  # type: ignore[return-value]
+
+
+def _methods(model: str) -> list[tuple[str, str]]:
+    return [(model, m) for m in _cfg(f"model={model}")["model"]["methods"]]
+
+
+@pytest.mark.parametrize("model, method", [mm for model in ZOO for mm in _methods(model)])
+def test_equals_executorch_runtime_on_cpu(model: str, method: str, tmp_path: Path) -> None:
+    cfg = _cfg(f"model={model}")
+    spec = cfg["model"]["methods"][method]
+    module = objects.method_module(objects.model(cfg), spec)
+    inputs = objects.example_inputs(spec, 0)
+    ep = torch.export.export(module, inputs, dynamic_shapes=objects.dynamic_shapes(spec, spec["function"]))
+    path = tmp_path / "p.pte"
+    path.write_bytes(to_edge_transform_and_lower(ep).to_executorch().buffer)
+    from executorch.runtime import Runtime  # ExecuTorch's own runtime: CPU only, absent on the GPU machine
+
+    ours = load(path).method("forward").execute(list(inputs))
+    theirs = Runtime.get().load_program(path).load_method("forward").execute(list(inputs))
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert_not_degenerate(b)
+        # PyTorch's and ExecuTorch's portable kernels round differently (e.g. convolution order of
+        # accumulation): equal up to 1e-5 of the output's scale.
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def test_lists_methods_and_io(tmp_path: Path) -> None:
+    files = run_all(_cfg("model=tiny_decoder"), tmp_path)
+    program = load(files["pte"])
+    assert set(program.method_names) == {"prefill", "decode"}
+    if not GPU:
+        with pytest.raises(RuntimeUnavailableError, match="need a CUDA GPU and TensorRT"):
+            program.method("prefill")
+
+
+def test_refuses_other_delegates(tmp_path: Path) -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    path = tmp_path / "x.pte"
+    path.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+    with pytest.raises(RuntimeUnavailableError, match="XnnpackBackend delegate.*executorch.runtime"):
+        load(path).method("forward")
+
+
+def test_reads_external_tensor_data(tmp_path: Path) -> None:
+    ep = torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),))
+    from executorch.exir import ExecutorchBackendConfig
+
+    program = to_edge_transform_and_lower(ep).to_executorch(ExecutorchBackendConfig(external_constants=True))
+    (tmp_path / "p.pte").write_bytes(program.buffer)
+    program.write_tensor_data_to_file(str(tmp_path))
+    (ptd,) = tmp_path.glob("*.ptd")
+    x = torch.randn(2, 4)
+    with pytest.raises(RuntimeUnavailableError, match="lives in a .ptd file"):
+        load(tmp_path / "p.pte").method("forward")
+    out = load(tmp_path / "p.pte", ptd).method("forward").execute([x])[0]
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    theirs = _load_for_executorch(str(tmp_path / "p.pte"), data_path=str(ptd)).forward([x])[0]
+    assert torch.allclose(out, theirs, atol=1e-6)
+
+
+# ---- on the GPU ----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("model", ZOO)
+def test_zoo_pte_matches_eager_on_gpu(model: str, precision: str, tmp_path: Path) -> None:
+    cfg = _cfg(f"model={model}", f"compile.precision={precision}", "compile.allow_tf32=false")
+    files = run_all(cfg, tmp_path)
+    program = load(files["pte"])
+    module = objects.model(cfg)
+    for method, spec in cfg["model"]["methods"].items():
+        inputs = objects.example_inputs(spec, 1)
+        outs = program.method(method).execute(list(inputs))
+        with torch.no_grad():
+            refs = getattr(module, spec["function"])(*inputs)
+        refs = list(refs) if isinstance(refs, (tuple, list)) else [refs]
+        for out, ref in zip(outs, refs):
+            assert_not_degenerate(ref)
+            assert out.is_cuda
+            assert_close(out, ref, precision, MODEL_TOLERANCE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", [1, 8, 64])
+def test_dynamic_batch_min_opt_max_on_gpu(size: int, tmp_path: Path) -> None:
+    cfg = _cfg("model=mlp", "compile.allow_tf32=false")
+    files = run_all(cfg, tmp_path)
+    method = load(files["pte"]).method("forward")
+    x = torch.randn(size, 64)
+    with torch.no_grad():
+        ref = objects.model(cfg)(x)
+    assert_close(method.execute([x])[0], ref, "fp32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", [1, 8, 100])
+def test_decoder_cache_lengths_on_gpu(cache: int, tmp_path: Path) -> None:
+    cfg = _cfg("model=tiny_decoder", "compile.allow_tf32=false")
+    files = run_all(cfg, tmp_path)
+    method = load(files["pte"]).method("decode")
+    module = objects.model(cfg)
+    step = (torch.tensor([[3]]), torch.tensor([cache]), torch.randn(2, 1, 4, cache, 16), torch.randn(2, 1, 4, cache, 16))
+    with torch.no_grad():
+        refs = module.decode(*step)
+    for out, ref in zip(method.execute(list(step)), refs):
+        assert_close(out, ref, "fp32", MODEL_TOLERANCE)
