@@ -28,8 +28,9 @@ from pipeline.tensorrt import blob
 from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
 
 
-def timed(fn: Callable[[], Any], iters: int, warmup: int) -> tuple[float, float, float]:
-    """(first call, median, p90) in milliseconds, timed with CUDA events on the current stream."""
+def timed(fn: Callable[[], Any], iters: int, warmup: int, stream: Any = None) -> tuple[float, float, float]:
+    """(first call, median, p90) in milliseconds, timed with CUDA events on `stream` (default: current)."""
+    stream = stream or torch.cuda.current_stream()
     torch.cuda.synchronize()
     start = time.perf_counter()
     fn()
@@ -40,9 +41,9 @@ def timed(fn: Callable[[], Any], iters: int, warmup: int) -> tuple[float, float,
     samples = []
     for _ in range(iters):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
+        begin.record(stream)
         fn()
-        end.record()
+        end.record(stream)
         end.synchronize()
         samples.append(begin.elapsed_time(end))
     samples.sort()
@@ -50,41 +51,56 @@ def timed(fn: Callable[[], Any], iters: int, warmup: int) -> tuple[float, float,
 
 
 def bench_model(name: str, precision: str, iters: int, warmup: int, use_compile: bool) -> list[dict[str, Any]]:
+    """Rows for every method of one zoo model."""
     cfg = OmegaConf.to_container(compose([f"model={name}", f"compile.precision={precision}"]), resolve=True)
-    spec = cfg["model"]["methods"]["forward"]
-    model = objects.model(cfg).cuda()
-    inputs = [x.cuda() for x in objects.example_inputs(spec, 1)]
-    if precision != "fp32":  # eager baselines run in the same precision
-        model = model.to(torch.float16 if precision == "fp16" else torch.bfloat16)
-        inputs = [x.to(next(model.parameters()).dtype) if x.is_floating_point() else x for x in inputs]
-    rows = []
     out_dir = Path(tempfile.mkdtemp())
     build_start = time.perf_counter()
     files = run_all(cfg, out_dir)
     build = time.perf_counter() - build_start
-    report = json.loads((out_dir / "report.json").read_text())["forward"]
-    sizes = {"pte_MB": files["pte"].stat().st_size / 1e6, "engine_build_s": report["build_seconds"], "pipeline_build_s": build}
+    report = json.loads((out_dir / "report.json").read_text())
+    program = pte.load_program(files["pte"])
+    model = objects.model(cfg).cuda()
+    if precision != "fp32":  # eager baselines run in the same precision
+        model = model.to(torch.float16 if precision == "fp16" else torch.bfloat16)
+    rows = []
+    for method, spec in cfg["model"]["methods"].items():
+        inputs = [x.cuda() for x in objects.example_inputs(spec, 1)]
+        sizes = {"method": method, "pte_MB": files["pte"].stat().st_size / 1e6,
+                 "engine_build_s": report[method]["build_seconds"], "pipeline_build_s": build}
+        calls = [c for c in pte.delegate_calls(program) if c.backend == blob.BACKEND_ID and c.method == method]
+        plan = next(p for p in program.execution_plan if p.name == method)
+        rows += [{**sizes, **r} for r in _bench_method(method, model, spec, inputs, files, (calls, plan), iters, warmup,
+                                                        use_compile)]
+    return [{"model": name, "precision": precision, **r} for r in rows]
+
+
+def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[torch.Tensor], files: Any,
+                  delegates: tuple[list[Any], Any], iters: int, warmup: int, use_compile: bool) -> list[dict[str, Any]]:
+    calls, plan = delegates
+    dtype = next(model.parameters()).dtype
+    eager_inputs = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
+    module = objects.method_module(model, spec)
+    rows = []
     with torch.no_grad():
-        rows.append({"variant": "eager", **_row(timed(lambda: model(*inputs), iters, warmup))})
+        rows.append({"variant": "eager", **_row(timed(lambda: module(*eager_inputs), iters, warmup))})
         if use_compile:
-            compiled = torch.compile(model, mode="reduce-overhead")
-            rows.append({"variant": "torch.compile (CUDA graphs)", **_row(timed(lambda: compiled(*inputs), iters, warmup))})
-    calls = [c for c in pte.delegate_calls(pte.load_program(files["pte"])) if c.backend == blob.BACKEND_ID]
-    fp32_inputs = [x.float() if x.is_floating_point() else x for x in inputs]
+            compiled = torch.compile(module, mode="reduce-overhead")
+            rows.append({"variant": "torch.compile (CUDA graphs)", **_row(timed(lambda: compiled(*eager_inputs), iters, warmup))})
     for graph in (False, True):
         stream = torch.cuda.Stream()
-        runners = []
-        for call in calls:
-            meta, engine = blob.decode(call.payload)
-            runners.append(EngineRunner(engine, meta.io_bindings, RuntimeOptions(cuda_graph=graph), stream))
-        if len(runners) == 1:
-            with torch.cuda.stream(stream):
+        if len(calls) == 1:
+            meta, engine = blob.decode(calls[0].payload)
+            runner = EngineRunner(engine, meta.io_bindings, RuntimeOptions(cuda_graph=graph), stream)
+            position = {value: i for i, value in enumerate(plan.inputs)}
+            args = calls[0].args[: len(meta.inputs)]
+            by_position = [inputs[position[a]] for a in args] if all(a in position for a in args) else None
+            if by_position is not None:
                 rows.append({"variant": f"raw engine{' + CUDA graph' if graph else ''}",
-                             **_row(timed(lambda: runners[0](*fp32_inputs), iters, warmup))})
-        method = load(files["pte"], options=RuntimeOptions(cuda_graph=graph)).method("forward")
+                             **_row(timed(lambda: runner(*by_position), iters, warmup, stream))})
+        method = load(files["pte"], options=RuntimeOptions(cuda_graph=graph)).method(name)
         rows.append({"variant": f"pipeline.runtime .pte{' + CUDA graph' if graph else ''}",
-                     **_row(timed(lambda: method.execute(fp32_inputs), iters, warmup))})
-    return [{"model": name, "precision": precision, **r, **sizes} for r in rows]
+                     **_row(timed(lambda: method.execute(inputs), iters, warmup, method.stream))})
+    return rows
 
 
 def _row(t: tuple[float, float, float]) -> dict[str, float]:
@@ -92,7 +108,7 @@ def _row(t: tuple[float, float, float]) -> dict[str, float]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = ["model", "precision", "variant", "median_ms", "p90_ms", "first_ms", "engine_build_s", "pte_MB"]
+    cols = ["model", "method", "precision", "variant", "median_ms", "p90_ms", "first_ms", "engine_build_s", "pte_MB"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
@@ -101,7 +117,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["mobilenet_v3_small", "resnet18"])
+    parser.add_argument("--models", nargs="+", default=["mlp", "mobilenet_v3_small", "resnet18", "tiny_decoder"])
     parser.add_argument("--precision", nargs="+", default=["fp32"])
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
@@ -110,7 +126,13 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/benchmark.py needs a CUDA GPU")
-    rows = [r for m in args.models for p in args.precision for r in bench_model(m, p, args.iters, args.warmup, not args.no_compile)]
+    rows = []
+    for model in args.models:
+        for precision in args.precision:
+            try:
+                rows += bench_model(model, precision, args.iters, args.warmup, not args.no_compile)
+            except Exception as exc:  # one broken model must not cost the whole table
+                print(f"{model} {precision}: {type(exc).__name__}: {exc}")
     table = markdown(rows)
     print(table)
     if args.out:

@@ -42,8 +42,15 @@ class Method:
         self._plan = plan
         self._program = program
         self._values = materialise(plan, program.raw, program.external, program.device)
-        self._steps = [self._step(i) for chain in plan.chains for i in chain.instructions]
+        instructions = [i for chain in plan.chains for i in chain.instructions]
+        self._steps = [self._step(i) for i in instructions]
+        self._has_kernels = any(type(i.instr_args).__name__ == "KernelCall" for i in instructions)
         self.first_run_seconds: float | None = None
+
+    @property
+    def stream(self) -> Any:
+        """The CUDA stream every step of this program runs on (None on CPU)."""
+        return self._program.stream
 
     @property
     def inputs(self) -> list[TensorInfo | type]:
@@ -77,29 +84,45 @@ class Method:
             return lambda values: None
         raise RuntimeUnavailableError(f"instruction {kind} is not supported by pipeline.runtime")
 
-    def execute(self, inputs: Sequence[Any]) -> list[Any]:
-        """Run the method; tensor outputs are on the program's device."""
+    def execute(self, inputs: Sequence[Any], copy_outputs: bool = True) -> list[Any]:
+        """Run the method; tensor outputs are on the program's device.
+
+        With `copy_outputs=False` outputs alias the method's planned memory (as in ExecuTorch's own
+        runtime) and stay valid until the next call.
+        """
         if len(inputs) != len(self._plan.inputs):
             raise ValueError(f"method {self.name!r} takes {len(self._plan.inputs)} inputs, got {len(inputs)}")
         values = self._values  # planned tensors alias arena memory, as in ExecuTorch: one run at a time
-        for index, value in zip(self._plan.inputs, inputs):
-            if isinstance(value, torch.Tensor) and isinstance(values[index], torch.Tensor):
-                slot = values[index]
-                if slot.shape != value.shape:
-                    slot.resize_(value.shape)
-                slot.copy_(value)
-            else:
-                values[index] = value
+        self._program.wait_for_caller()
+        with self._program.stream_context():
+            for index, value in zip(self._plan.inputs, inputs):
+                if isinstance(value, torch.Tensor) and isinstance(values[index], torch.Tensor):
+                    slot = values[index]
+                    if slot.shape != value.shape:
+                        slot.resize_(value.shape)
+                    slot.copy_(value, non_blocking=True)
+                else:
+                    values[index] = value
         start = time.perf_counter()
-        with warnings.catch_warnings(), self._program.stream_context():
-            warnings.simplefilter("ignore")  # out= resizes of dynamic shapes warn in PyTorch
-            for step in self._steps:
-                step(values)
+        with self._program.stream_context():
+            if self._has_kernels:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # out= resizes of dynamic shapes warn in PyTorch
+                    for step in self._steps:
+                        step(values)
+            else:
+                for step in self._steps:
+                    step(values)
         if self.first_run_seconds is None:
             self._program.synchronize()
             self.first_run_seconds = time.perf_counter() - start
+        outs = [values[i] for i in self._plan.outputs]
+        self._program.release_to_caller()
+        if not copy_outputs:
+            return outs
         # Outputs live in arena memory that the next run reuses: hand out copies.
-        return [values[i].clone() if isinstance(values[i], torch.Tensor) else values[i] for i in self._plan.outputs]
+        with self._program.stream_context():
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
 
 
 class Program:
@@ -130,6 +153,16 @@ class Program:
 
     def stream_context(self) -> Any:
         return torch.cuda.stream(self.stream) if self.stream is not None else _Null()
+
+    def wait_for_caller(self) -> None:
+        """Order the program's stream after the caller's (inputs may still be in flight there)."""
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+
+    def release_to_caller(self) -> None:
+        """Order the caller's stream after the program's (outputs are ready for it)."""
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)
 
     def synchronize(self) -> None:
         if self.stream is not None:
