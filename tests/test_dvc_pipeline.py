@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(shutil.which("dvc") is None, reason="needs the d
 
 
 def _run(cmd: list[str], cwd: Path, **env: str) -> str:
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", **env}
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
 

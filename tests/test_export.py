@@ -120,3 +120,24 @@ def test_graph_module_source_needs_inputs(mixed) -> None:  # type: ignore[no-unt
 def test_clear_errors(mixed, call, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ExportError, match=message):
         call(mixed)
+
+
+def test_calls_sharing_an_engine_share_one_payload() -> None:
+    import operator
+
+    from pipeline.tensorrt.engine_op import is_engine_call
+
+    x = torch.randn(2, 4)
+    gm = compile_method(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (x,)).module()
+    call = next(n for n in gm.graph.nodes if is_engine_call(n))
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(output):  # run the same engine a second time on its own result
+        again = gm.graph.call_function(call.target, ([next(iter(call.users))], call.args[1], call.args[2]))
+        result = gm.graph.call_function(operator.getitem, (again, 0))
+    output.args = ((result,),)
+    gm.recompile()
+    buffer = export(gm, inputs=(x,)).to_executorch().buffer
+    program = pte.load_program(buffer)
+    first, second = (bytes(d.data) for d in program.backend_delegate_data)
+    assert len(program.execution_plan[0].delegates) == 2 and first == second
+    assert len(buffer) < 1.5 * len(first)  # the file stores the shared payload once

@@ -50,7 +50,7 @@ class TinyDecoder(torch.nn.Module):
 
     def prefill(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """tokens [B, T] -> logits [B, T, V], keys and values [L, B, H, T, D/H]."""
-        positions = torch.arange(tokens.shape[1])
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.embed(tokens) + self.pos(positions)
         ks, vs = [], []
         for block in self.blocks:

@@ -25,6 +25,9 @@ CASES = {
     "slice": lambda m, x: x[:, 1:, ::2, -3:] * 2,
     "select": lambda m, x: x[:, -1] * 2,
     "pixel_shuffle": lambda m, x: torch.pixel_shuffle(x.reshape(2, 12, 2, 3), 2) * 2,
+    "t": lambda m, x: x[0, 0].t() * 2,
+    "split": lambda m, x: torch.split(x, [1, 2], dim=1)[1] * 2,
+    "chunk": lambda m, x: sum(torch.chunk(x, 3, dim=3)),
 }
 
 
