@@ -83,30 +83,54 @@ def export(
 
 def save(source: Source, path: str | os.PathLike[str], *, external_data: bool = False, etrecord: bool = False,
          **options: Any) -> dict[str, Path]:
-    """Export with `export(**options)` and write `<path>` (.pte), `<base>.ptd` when tensor data is
-    external and any exists, and `<base>_etrecord.bin` with `etrecord`. Files appear complete or not at all.
+    """Export with `export(**options)` and write the program (see `write_program`).
 
     Returns:
         The files written, by kind ("pte", "ptd", "etrecord").
     """
     manager = export(source, generate_etrecord=etrecord, **options)
+    return write_program(manager, path, external_data=external_data, etrecord=etrecord)
+
+
+def write_program(manager: EdgeProgramManager, path: str | os.PathLike[str], *, external_data: bool = False,
+                  etrecord: bool = False) -> dict[str, Path]:
+    """Serialize `manager` to `<path>` (.pte), `<base>.ptd` when tensor data is external and any
+    exists (a stale `.ptd` is removed), and `<base>_etrecord.bin` with `etrecord`. Every file is
+    written to a temporary name first: outputs appear complete or not at all.
+
+    Returns:
+        The files written, by kind ("pte", "ptd", "etrecord").
+    """
     program = manager.to_executorch(ExecutorchBackendConfig(external_constants=external_data))
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     base = target.with_suffix("")
     written = {"pte": target}
-    with tempfile.TemporaryDirectory(dir=target.parent if target.parent.exists() else None) as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         (Path(tmp) / "program.pte").write_bytes(program.buffer)
         ptd = _tensor_data(program, Path(tmp))
         if ptd is not None:
             os.replace(ptd, base.with_suffix(".ptd"))
             written["ptd"] = base.with_suffix(".ptd")
+        elif base.with_suffix(".ptd").exists():
+            base.with_suffix(".ptd").unlink()
         if etrecord:
             record = Path(f"{base}_etrecord.bin")
-            program.get_etrecord().save(str(Path(tmp) / "etrecord.bin"))
+            _write_etrecord(manager, program, Path(tmp) / "etrecord.bin")
             os.replace(Path(tmp) / "etrecord.bin", record)
             written["etrecord"] = record
         os.replace(Path(tmp) / "program.pte", target)
     return written
+
+
+def _write_etrecord(manager: EdgeProgramManager, program: Any, path: Path) -> None:
+    # A manager exported with generate_etrecord carries one; one reloaded between stages does not.
+    if getattr(program, "_etrecord", None) is not None:
+        program.get_etrecord().save(str(path))
+        return
+    from executorch.devtools import generate_etrecord
+
+    generate_etrecord(str(path), edge_dialect_program=manager, executorch_program=program)
 
 
 def _tensor_data(program: Any, tmp: Path) -> Path | None:

@@ -25,7 +25,7 @@ from executorch.exir.serde.serialize import save as save_edge
 
 from pipeline.compile import compile_method
 from pipeline.config import objects
-from pipeline.export import export
+from pipeline.export import export, write_program
 from pipeline.tensorrt.trt_api import flavour
 
 log = logging.getLogger("pipeline")
@@ -116,29 +116,10 @@ def run_serialize(cfg: Mapping[str, Any], in_dir: str | Path, out_dir: str | Pat
     name = cfg["serialize"].get("output_name") or cfg["model"]["name"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = _serialize(manager, out / f"{name}.pte", cfg["serialize"])
+    files = write_program(manager, out / f"{name}.pte", external_data=bool(cfg["serialize"].get("external_data")),
+                          etrecord=bool(cfg["serialize"].get("etrecord")))
     write_json(out / "manifest.json", manifest(cfg, files))
     return files
-
-
-def _serialize(manager: EdgeProgramManager, path: Path, options: Mapping[str, Any]) -> dict[str, Path]:
-    from executorch.exir import ExecutorchBackendConfig
-
-    program = manager.to_executorch(ExecutorchBackendConfig(external_constants=bool(options.get("external_data"))))
-    stale = path.with_suffix(".ptd")
-    written = {"pte": path}
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        (Path(tmp) / "p.pte").write_bytes(program.buffer)
-        if getattr(program, "_tensor_data", None):
-            (Path(tmp) / "data").mkdir()
-            program.write_tensor_data_to_file(str(Path(tmp) / "data"))
-            (ptd,) = sorted((Path(tmp) / "data").glob("*.ptd"))
-            os.replace(ptd, stale)
-            written["ptd"] = stale
-        elif stale.exists():
-            stale.unlink()
-        os.replace(Path(tmp) / "p.pte", path)
-    return written
 
 
 def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path]) -> dict[str, Any]:

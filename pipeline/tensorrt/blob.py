@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import BlobFormatError
@@ -142,7 +142,3 @@ def read_header(blob: bytes) -> tuple[int, int, int, int]:
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
-
-def metadata_dict(meta: BlobMetadata) -> dict[str, Any]:
-    """The metadata as plain data (for reports)."""
-    return asdict(meta)

@@ -141,9 +141,6 @@ class ConversionContext:
         index = self.constant(torch.tensor(dim, dtype=torch.int64), torch.int64)
         return self.network.add_gather(self.shape_of(x), index, 0).get_output(0)
 
-    def is_dynamic(self, x: Any) -> bool:
-        return any(d < 0 for d in x.shape)
-
 
 def _is_itensor(x: Any) -> bool:
     return isinstance(x, trt().ITensor)

@@ -56,12 +56,6 @@ def elementwise(ctx: ConversionContext, op: Any, a: Any, b: Any) -> Any:
     return ctx.network.add_elementwise(a, b, op).get_output(0)
 
 
-def binary(ctx: ConversionContext, node: torch.fx.Node, op: Any, a: Any, b: Any) -> Any:
-    """Promote, broadcast, then apply an elementwise op."""
-    a, b = promoted(ctx, node, a, b)
-    return elementwise(ctx, op, a, b)
-
-
 def unary(ctx: ConversionContext, x: Any, op: Any) -> Any:
     return ctx.network.add_unary(x, op).get_output(0)
 
@@ -73,11 +67,6 @@ def activation(ctx: ConversionContext, x: Any, kind: Any, alpha: float | None = 
     if beta is not None:
         layer.beta = beta
     return layer.get_output(0)
-
-
-def scalar_like(ctx: ConversionContext, value: float, like: Any) -> Any:
-    """A constant scalar broadcastable against `like` in its dtype."""
-    return ctx.tensor(value, like=like)
 
 
 def ew_ops() -> Any:

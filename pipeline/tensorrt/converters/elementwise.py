@@ -86,40 +86,24 @@ def minimum(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: d
 
 
 # ---- comparisons -------------------------------------------------------------------------------
-def _compare(ctx: ConversionContext, node: Node, args: tuple[Any, ...], op: str, negate: bool = False) -> Any:
-    a, b = promoted(ctx, node, args[0], args[1])
-    out = elementwise(ctx, getattr(ew_ops(), op), a, b)
-    return unary(ctx, out, unary_ops().NOT) if negate else out
+def _comparison(name: str, op: str, negate: bool, *ops: Any) -> None:
+    """Register a comparison: `op` of the promoted operands, negated for ne/ge/le."""
+
+    @converter(*ops, validator=v.NUMERIC)
+    def convert(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        a, b = promoted(ctx, node, args[0], args[1])
+        out = elementwise(ctx, getattr(ew_ops(), op), a, b)
+        return unary(ctx, out, unary_ops().NOT) if negate else out
+
+    convert.__qualname__ = convert.__name__ = name
 
 
-@converter(aten.eq.Tensor, aten.eq.Scalar, validator=v.NUMERIC)
-def eq(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _compare(ctx, node, args, "EQUAL")
-
-
-@converter(aten.ne.Tensor, aten.ne.Scalar, validator=v.NUMERIC)
-def ne(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _compare(ctx, node, args, "EQUAL", negate=True)
-
-
-@converter(aten.lt.Tensor, aten.lt.Scalar, validator=v.NUMERIC)
-def lt(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _compare(ctx, node, args, "LESS")
-
-
-@converter(aten.ge.Tensor, aten.ge.Scalar, validator=v.NUMERIC)
-def ge(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _compare(ctx, node, args, "LESS", negate=True)
-
-
-@converter(aten.gt.Tensor, aten.gt.Scalar, validator=v.NUMERIC)
-def gt(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _compare(ctx, node, args, "GREATER")
-
-
-@converter(aten.le.Tensor, aten.le.Scalar, validator=v.NUMERIC)
-def le(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _compare(ctx, node, args, "GREATER", negate=True)
+_comparison("eq", "EQUAL", False, aten.eq.Tensor, aten.eq.Scalar)
+_comparison("ne", "EQUAL", True, aten.ne.Tensor, aten.ne.Scalar)
+_comparison("lt", "LESS", False, aten.lt.Tensor, aten.lt.Scalar)
+_comparison("ge", "LESS", True, aten.ge.Tensor, aten.ge.Scalar)
+_comparison("gt", "GREATER", False, aten.gt.Tensor, aten.gt.Scalar)
+_comparison("le", "GREATER", True, aten.le.Tensor, aten.le.Scalar)
 
 
 @converter(aten.logical_not.default, validator=v.tensor_dtypes({torch.bool}))
