@@ -125,14 +125,16 @@ def _dim_range(dim: Any, ctx: ConversionContext, name: str, index: int) -> DimRa
 def _symbol_range(sym: sympy.Symbol, vr: Any, env: Any, spec: TensorRTCompileSpec, name: str,
                   index: int) -> tuple[int, int, int]:
     given = spec.symbol_ranges.get(str(sym))
-    lo = given[0] if given else int(vr.lower)
-    hi = given[2] if given else vr.upper
-    if not given and (not vr.upper.is_finite if hasattr(vr.upper, "is_finite") else False):
-        raise CompileSpecError(
-            f"input {name!r} dim {index} ({sym}) has no upper bound; give torch.export Dim a max= or set "
-            f"compile dynamic_shapes for that input to [min, opt, max]"
-        )
-    hi = int(hi)
+    if given:
+        lo, hi = given[0], given[2]
+    else:
+        try:
+            lo, hi = int(vr.lower), int(vr.upper)
+        except (OverflowError, TypeError, AttributeError, ValueError):  # sympy's int_oo
+            raise CompileSpecError(
+                f"input {name!r} dim {index} ({sym}) has no upper bound; give torch.export Dim a max= or set "
+                f"compile dynamic_shapes for that input to [min, opt, max]"
+            ) from None
     hints = getattr(env, "backed_var_to_val", None) or env.var_to_val
     hint = hints.get(sym)
     opt = given[1] if given and given[1] is not None else (int(hint) if hint is not None else hi)

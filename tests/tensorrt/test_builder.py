@@ -123,3 +123,8 @@ def test_build_engine_refuses_unsupported_graph() -> None:
 def test_engine_records_build_time_and_layers() -> None:
     built = build_engine(_program(), TensorRTCompileSpec())
     assert built.build_seconds > 0 and built.num_layers > 3 and len(built.engine) > 1000
+
+
+def test_unbounded_dynamic_dim_is_a_clear_error() -> None:
+    with pytest.raises(CompileSpecError, match="has no upper bound; give torch.export Dim a max="):
+        lower(Fn(lambda m, x: x * 2), (torch.randn(4, 3),), dynamic_shapes=(({0: Dim("batch")},),))
