@@ -42,9 +42,7 @@ class Method:
         self._plan = plan
         self._program = program
         self._values = materialise(plan, program.raw, program.external, program.device)
-        instructions = [i for chain in plan.chains for i in chain.instructions]
-        self._steps = [self._step(i) for i in instructions]
-        self._has_kernels = any(type(i.instr_args).__name__ == "KernelCall" for i in instructions)
+        self._steps = [self._step(i) for chain in plan.chains for i in chain.instructions]
         self.first_run_seconds: float | None = None
 
     @property
@@ -94,7 +92,9 @@ class Method:
             raise ValueError(f"method {self.name!r} takes {len(self._plan.inputs)} inputs, got {len(inputs)}")
         values = self._values  # planned tensors alias arena memory, as in ExecuTorch: one run at a time
         self._program.wait_for_caller()
-        with self._program.stream_context():
+        start = time.perf_counter()
+        with self._program.stream_context(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # out= resizes of dynamic shapes warn in PyTorch
             for index, value in zip(self._plan.inputs, inputs):
                 if isinstance(value, torch.Tensor) and isinstance(values[index], torch.Tensor):
                     slot = values[index]
@@ -103,26 +103,16 @@ class Method:
                     slot.copy_(value, non_blocking=True)
                 else:
                     values[index] = value
-        start = time.perf_counter()
-        with self._program.stream_context():
-            if self._has_kernels:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # out= resizes of dynamic shapes warn in PyTorch
-                    for step in self._steps:
-                        step(values)
-            else:
-                for step in self._steps:
-                    step(values)
+            for step in self._steps:
+                step(values)
+            outs = [values[i] for i in self._plan.outputs]
+            if copy_outputs:  # outputs live in arena memory that the next run reuses: hand out copies
+                outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
         if self.first_run_seconds is None:
             self._program.synchronize()
             self.first_run_seconds = time.perf_counter() - start
-        outs = [values[i] for i in self._plan.outputs]
-        self._program.release_to_caller()
-        if not copy_outputs:
-            return outs
-        # Outputs live in arena memory that the next run reuses: hand out copies.
-        with self._program.stream_context():
-            return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+        self._program.release_to_caller()  # after the copies, so the caller waits for them too
+        return outs
 
 
 class Program:
