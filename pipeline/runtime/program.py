@@ -43,6 +43,11 @@ class Method:
         self._program = program
         self._values = materialise(plan, program.raw, program.external, program.device)
         self._steps = [self._step(i) for chain in plan.chains for i in chain.instructions]
+        kinds = {type(i.instr_args).__name__ for c in plan.chains for i in c.instructions}
+        self._has_kernels = "KernelCall" in kinds
+        # Engines only read their inputs: a method of engine calls alone binds the caller's input
+        # tensors directly (as the raw engine is driven) instead of copying them into planned memory.
+        self._bind_inputs = kinds <= {"DelegateCall", "FreeCall"}
         self.first_run_seconds: float | None = None
 
     @property
@@ -86,33 +91,43 @@ class Method:
         """Run the method; tensor outputs are on the program's device.
 
         With `copy_outputs=False` outputs alias the method's planned memory (as in ExecuTorch's own
-        runtime) and stay valid until the next call.
+        runtime) and stay valid until the next call. Calling from inside `torch.cuda.stream(method.stream)`
+        saves the two cross-stream event waits.
         """
         if len(inputs) != len(self._plan.inputs):
             raise ValueError(f"method {self.name!r} takes {len(self._plan.inputs)} inputs, got {len(inputs)}")
         values = self._values  # planned tensors alias arena memory, as in ExecuTorch: one run at a time
-        self._program.wait_for_caller()
         start = time.perf_counter()
-        with self._program.stream_context(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # out= resizes of dynamic shapes warn in PyTorch
-            for index, value in zip(self._plan.inputs, inputs):
-                if isinstance(value, torch.Tensor) and isinstance(values[index], torch.Tensor):
-                    slot = values[index]
-                    if slot.shape != value.shape:
-                        slot.resize_(value.shape)
-                    slot.copy_(value, non_blocking=True)
-                else:
-                    values[index] = value
-            for step in self._steps:
-                step(values)
-            outs = [values[i] for i in self._plan.outputs]
-            if copy_outputs:  # outputs live in arena memory that the next run reuses: hand out copies
-                outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+        caller = self._program.enter()
+        try:
+            if self._has_kernels:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # out= resizes of dynamic shapes warn in PyTorch
+                    outs = self._run(values, inputs)
+            else:  # engines only: nothing warns, and the guard costs microseconds per call
+                outs = self._run(values, inputs)
+        finally:
+            self._program.leave(caller)
+        if copy_outputs:  # outputs live in arena memory that the next run reuses: hand out copies,
+            # made on the caller's stream (now ordered after the program's), so their memory belongs to it
+            outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
         if self.first_run_seconds is None:
             self._program.synchronize()
             self.first_run_seconds = time.perf_counter() - start
-        self._program.release_to_caller()  # after the copies, so the caller waits for them too
         return outs
+
+    def _run(self, values: list[Any], inputs: Sequence[Any]) -> list[Any]:
+        for index, value in zip(self._plan.inputs, inputs):
+            slot = values[index]
+            if self._bind_inputs or not (isinstance(value, torch.Tensor) and isinstance(slot, torch.Tensor)):
+                values[index] = value
+            else:
+                if slot.shape != value.shape:
+                    slot.resize_(value.shape)
+                slot.copy_(value, non_blocking=True)
+        for step in self._steps:
+            step(values)
+        return [values[i] for i in self._plan.outputs]
 
 
 class Program:
@@ -126,6 +141,8 @@ class Program:
         wanted = device or ("cuda" if uses_trt and torch.cuda.is_available() else "cpu")
         self.device = torch.device(wanted)
         self.stream = torch.cuda.Stream() if self.device.type == "cuda" else None
+        if self.stream is not None:  # reused for every call's handoffs (creating events costs a driver call)
+            self._caller_ready, self._program_done = torch.cuda.Event(), torch.cuda.Event()
         self._methods: dict[str, Method] = {}
 
     @property
@@ -141,30 +158,29 @@ class Program:
             self._methods[name] = Method(self, plans[name])
         return self._methods[name]
 
-    def stream_context(self) -> Any:
-        return torch.cuda.stream(self.stream) if self.stream is not None else _Null()
+    def enter(self) -> Any:
+        """Make the program's stream current, ordered after the caller's (inputs may still be in
+        flight there); returns the caller's stream for `leave`."""
+        if self.stream is None:
+            return None
+        caller = torch.cuda.current_stream()
+        if caller != self.stream:
+            self._caller_ready.record(caller)
+            self.stream.wait_event(self._caller_ready)
+            torch.cuda.set_stream(self.stream)
+        return caller
 
-    def wait_for_caller(self) -> None:
-        """Order the program's stream after the caller's (inputs may still be in flight there)."""
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream())
-
-    def release_to_caller(self) -> None:
-        """Order the caller's stream after the program's (outputs are ready for it)."""
-        if self.stream is not None:
-            torch.cuda.current_stream().wait_stream(self.stream)
+    def leave(self, caller: Any) -> None:
+        """Give the caller back its stream, ordered after the program's (outputs are ready for it)."""
+        if caller is None or caller == self.stream:
+            return
+        self._program_done.record(self.stream)
+        torch.cuda.set_stream(caller)
+        caller.wait_event(self._program_done)
 
     def synchronize(self) -> None:
         if self.stream is not None:
             self.stream.synchronize()
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def load(pte: str | Path, ptd: str | Path | None = None, options: RuntimeOptions | None = None,

@@ -53,6 +53,8 @@ class ConversionContext:
         self.compute_dtype = _COMPUTE[spec.precision]
         self.values: dict[torch.fx.Node, Any] = {}
         self.range_constraints: dict[Any, Any] = {}  # symbol -> value range of the program's dims
+        self.constants: dict[torch.fx.Node, torch.Tensor] = {}  # constant placeholders and their values
+        self.folded: set[torch.fx.Node] = set()  # nodes whose effect another node's layer already applies
         self._keep: list[np.ndarray] = []  # TensorRT reads weights at build time, not at add time
 
     # ---- dtypes -------------------------------------------------------------------------------

@@ -94,6 +94,7 @@ def _placeholder(ctx: ConversionContext, node: torch.fx.Node, sources: dict[str,
                  profile: dict[str, ShapeRange]) -> Any:
     value = sources.get(node.name)
     if value is not None:
+        ctx.constants[node] = value
         return ctx.constant(value)
     val = node.meta["val"]
     if not isinstance(val, torch.Tensor):

@@ -9,6 +9,7 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
+from pipeline.tensorrt.converters.normalization import batch_norm_folded_into
 from pipeline.tensorrt.converters.registry import converter
 from pipeline.tensorrt.trt_api import trt
 
@@ -42,6 +43,9 @@ def convolution(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwarg
     spatial = len(wshape) - 2
     dtype = ctx.node_dtype(node)
     x = ctx.cast(x, dtype)
+    folded = batch_norm_folded_into(ctx, node)
+    if folded is not None:  # conv + inference batch norm -> one convolution
+        weight, bias = ctx.constant(folded[0]), ctx.constant(folded[1])
     empty = trt().Weights()  # the kernel comes in through set_input(1), so strongly typed nets keep one dtype
     if transposed:
         layer = ctx.network.add_deconvolution_nd(x, wshape[1] * groups, wshape[2:], empty)

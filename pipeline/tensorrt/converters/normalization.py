@@ -31,9 +31,38 @@ _BN_OK = v.all_of(
 )
 
 
+def batch_norm_folded_into(ctx: ConversionContext, conv: Node) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (weight, bias) of convolution `conv` with its only consumer, an inference batch norm on
+    constant statistics, folded in (computed in fp32, as ONNX exporters do); None when it does not apply.
+
+    The batch norm's converter then passes the convolution's output through (`ctx.folded`).
+    """
+    users = list(conv.users)
+    weight = ctx.constants.get(conv.args[1])  # type: ignore[arg-type]
+    if conv.args[6] or len(users) != 1 or weight is None:  # transposed kernels keep out-channels on dim 1
+        return None
+    bn = users[0]
+    if bn.target != aten._native_batch_norm_legit_no_training.default or not _only_first_output_used(bn):
+        return None
+    known = [conv.args[2], *bn.args[1:5]]  # conv bias, gamma, beta, running mean, running var
+    if any(isinstance(a, Node) and a not in ctx.constants for a in known):
+        return None
+    bias, gamma, beta, mean, var = (ctx.constants[a].double() if isinstance(a, Node) else a for a in known)
+    if mean is None or var is None:
+        return None
+    scale = torch.rsqrt(var + float(bn.args[6]))  # type: ignore[arg-type]
+    scale = scale if gamma is None else scale * gamma
+    shift = ((bias if bias is not None else 0.0) - mean) * scale + (beta if beta is not None else 0.0)
+    folded_weight = weight.double() * scale.reshape((-1,) + (1,) * (weight.dim() - 1))
+    ctx.folded.add(bn)
+    return folded_weight.to(torch.float32), shift.to(torch.float32)
+
+
 @converter(aten._native_batch_norm_legit_no_training.default, validator=_BN_OK)
 def batch_norm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, weight, bias, mean, var, _, eps = args[:7]
+    if node in ctx.folded:  # the convolution before it applies it
+        return (x, None, None)
     dtype = ctx.node_dtype(node)
     x = ctx.cast(x, dtype)
     rank = len(x.shape)

@@ -3,6 +3,11 @@
 import pytest
 import torch
 
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.context import ConversionContext
+from pipeline.tensorrt.converters.normalization import batch_norm_folded_into
+from pipeline.tensorrt.network import define_network
+from pipeline.tensorrt.trt_api import trt
 from tests.helpers import Fn, check_converter, refusal
 
 torch.manual_seed(0)
@@ -51,3 +56,38 @@ def test_refuses_used_statistics() -> None:
     fn = Fn(lambda m, x: torch.ops.aten.native_layer_norm(x, [8], None, None, 1e-5)[1] * 2)
     reasons = refusal(fn, (torch.randn(2, 8),))
     assert any("mean/rstd" in r for r in reasons.values()), reasons
+
+
+def _conv_bn(bias: bool) -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, bias=bias), _bn(6), torch.nn.ReLU()).eval()
+
+
+def _network_layers(module: torch.nn.Module, x: torch.Tensor) -> tuple[list[str], ConversionContext]:
+    program = torch.export.export(module, (x,)).run_decompositions()
+    builder = trt().Builder(trt().Logger(trt().Logger.ERROR))
+    definition = define_network(builder, program, TensorRTCompileSpec())
+    network = definition.network
+    return [str(network.get_layer(i).type) for i in range(network.num_layers)], definition.ctx
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_batch_norm_after_convolution_folds_into_it(bias: bool) -> None:
+    module, x = _conv_bn(bias), torch.randn(2, 3, 8, 8)
+    layers, ctx = _network_layers(module, x)
+    assert not any("UNARY" in t or "ELEMENTWISE" in t for t in layers), layers
+    # The folded kernel computes the same as conv -> batch norm (checked here in PyTorch, on CPU).
+    conv = next(n for n in ctx.values if n.target == torch.ops.aten.convolution.default)
+    ctx.folded.clear()
+    weight, shift = batch_norm_folded_into(ctx, conv)  # type: ignore[misc]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.nn.functional.conv2d(x, weight, shift), module[1](module[0](x)),
+                                   rtol=1e-5, atol=1e-5)
+    check_converter(module, (x,))
+
+
+def test_batch_norm_stays_when_convolution_output_is_used_elsewhere() -> None:
+    module = Fn(lambda m, x: (lambda y: m.bn(y) + y)(m.conv(x)))
+    module.conv, module.bn = torch.nn.Conv2d(3, 6, 3), _bn(6)
+    layers, _ = _network_layers(module.eval(), torch.randn(2, 3, 8, 8))
+    assert sum("ELEMENTWISE" in t for t in layers) >= 3, layers  # scale, shift, the sum
+    check_converter(module.eval(), (torch.randn(2, 3, 8, 8),))
