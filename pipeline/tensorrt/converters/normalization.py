@@ -9,7 +9,7 @@ import torch
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
 from pipeline.tensorrt.converters._layers import elementwise, ew_ops, unary, unary_ops, unsqueeze_to
-from pipeline.tensorrt.converters.registry import converter
+from pipeline.tensorrt.converters.registry import aten_op, converter
 
 aten = torch.ops.aten
 Node = torch.fx.Node
@@ -42,7 +42,7 @@ def batch_norm_folded_into(ctx: ConversionContext, conv: Node) -> tuple[torch.Te
     if conv.args[6] or len(users) != 1 or weight is None:  # transposed kernels keep out-channels on dim 1
         return None
     bn = users[0]
-    if bn.target != aten._native_batch_norm_legit_no_training.default or not _only_first_output_used(bn):
+    if aten_op(bn.target) != aten._native_batch_norm_legit_no_training.default or not _only_first_output_used(bn):
         return None
     known = [conv.args[2], *bn.args[1:5]]  # conv bias, gamma, beta, running mean, running var
     if any(isinstance(a, Node) and a not in ctx.constants for a in known):
