@@ -19,7 +19,7 @@ import torch
 
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.pte import load_program
-from pipeline.runtime.delegates import TensorRTDelegate, make_delegate
+from pipeline.runtime.delegates import make_delegate
 from pipeline.runtime.kernels import resolve
 from pipeline.runtime.values import dtype_of, materialise
 from pipeline.tensorrt import blob
@@ -48,11 +48,6 @@ class Method:
         # Engines only read their inputs: a method of engine calls alone binds the caller's input
         # tensors directly (as the raw engine is driven) instead of copying them into planned memory.
         self._bind_inputs = kinds <= {"DelegateCall", "FreeCall"}
-        # ... and its engines can write the outputs it hands out straight into fresh tensors (no copy
-        # out of planned memory afterwards); the planned tensors are kept for copy_outputs=False.
-        written = {a for step in self._steps if isinstance(step, TensorRTDelegate) for a in step.outputs}
-        self._planned_outputs = {i: self._values[i] for i in plan.outputs
-                                 if self._bind_inputs and i in written and isinstance(self._values[i], torch.Tensor)}
         self.first_run_seconds: float | None = None
 
     @property
@@ -93,9 +88,7 @@ class Method:
         raise RuntimeUnavailableError(f"instruction {kind} is not supported by pipeline.runtime")
 
     def execute(self, inputs: Sequence[Any], copy_outputs: bool = True) -> list[Any]:
-        """Run the method; tensor outputs are on the program's device, fresh tensors the caller owns
-        (methods of engine calls alone have their engines write them directly; other methods copy
-        them out of planned memory).
+        """Run the method; tensor outputs are on the program's device.
 
         With `copy_outputs=False` outputs alias the method's planned memory (as in ExecuTorch's own
         runtime) and stay valid until the next call. Calling from inside `torch.cuda.stream(method.stream)`
@@ -105,8 +98,6 @@ class Method:
             raise ValueError(f"method {self.name!r} takes {len(self._plan.inputs)} inputs, got {len(inputs)}")
         values = self._values  # planned tensors alias arena memory, as in ExecuTorch: one run at a time
         start = time.perf_counter()
-        for index, planned in self._planned_outputs.items():  # allocated on the caller's stream: its memory
-            values[index] = torch.empty_like(planned) if copy_outputs else planned
         caller = self._program.enter()
         try:
             if self._has_kernels:
@@ -119,8 +110,7 @@ class Method:
             self._program.leave(caller)
         if copy_outputs:  # outputs live in arena memory that the next run reuses: hand out copies,
             # made on the caller's stream (now ordered after the program's), so their memory belongs to it
-            outs = [o.clone() if isinstance(o, torch.Tensor) and i not in self._planned_outputs else o
-                    for i, o in zip(self._plan.outputs, outs)]
+            outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
         if self.first_run_seconds is None:
             self._program.synchronize()
             self.first_run_seconds = time.perf_counter() - start
