@@ -48,6 +48,8 @@ class Method:
         # Engines only read their inputs: a method of engine calls alone binds the caller's input
         # tensors directly (as the raw engine is driven) instead of copying them into planned memory.
         self._bind_inputs = kinds <= {"DelegateCall", "FreeCall"}
+        self._planned_inputs = {i: self._values[i] for i in plan.inputs if isinstance(self._values[i], torch.Tensor)}
+        self._bound: dict[int, int] = {}  # input index -> address its engines last read it from
         self.first_run_seconds: float | None = None
 
     @property
@@ -116,15 +118,35 @@ class Method:
             self.first_run_seconds = time.perf_counter() - start
         return outs
 
+    def _binds(self, index: int, value: torch.Tensor, slot: torch.Tensor) -> bool:
+        """Whether the engines read the caller's tensor itself rather than a copy in planned memory.
+
+        Only for methods of engine calls alone, and a tensor already in the engine's dtype on the
+        device. With CUDA graphs, only while the caller keeps handing in the same buffer: TensorRT-RTX
+        captures its graph at fixed addresses and captures it again when one moves (MobileNetV3-Small on
+        the H200: 0.98 instead of 0.32 ms a call), so a caller with fresh tensors every call gets a copy
+        into planned memory, whose address never moves.
+        """
+        if not (self._bind_inputs and value.device == slot.device and value.dtype == slot.dtype
+                and value.is_contiguous()):
+            return False
+        address = value.data_ptr()
+        if self._program.options.cuda_graph and self._bound.get(index, address) != address:
+            return False
+        self._bound[index] = address
+        return True
+
     def _run(self, values: list[Any], inputs: Sequence[Any]) -> list[Any]:
         for index, value in zip(self._plan.inputs, inputs):
-            slot = values[index]
-            if self._bind_inputs or not (isinstance(value, torch.Tensor) and isinstance(slot, torch.Tensor)):
+            slot = self._planned_inputs.get(index)
+            if slot is None or not isinstance(value, torch.Tensor) or self._binds(index, value, slot):
                 values[index] = value
             else:
                 if slot.shape != value.shape:
                     slot.resize_(value.shape)
                 slot.copy_(value, non_blocking=True)
+                values[index] = slot
+                self._bound[index] = slot.data_ptr()
         for step in self._steps:
             step(values)
         return [values[i] for i in self._plan.outputs]

@@ -87,6 +87,35 @@ def test_reads_external_tensor_data(tmp_path: Path) -> None:
     assert torch.allclose(out, theirs, atol=1e-6)
 
 
+def test_engine_only_methods_read_inputs_in_place_while_their_address_holds(tmp_path: Path) -> None:
+    """Methods of engine calls alone (here: none at all, so the output is the input) read the caller's
+    tensor itself; under CUDA graphs only while the caller keeps its buffer, else a copy in planned
+    memory, whose address then stays put."""
+
+    class Identity(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    path = tmp_path / "id.pte"
+    path.write_bytes(to_edge_transform_and_lower(torch.export.export(Identity(), (torch.randn(2, 4),))).to_executorch().buffer)
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+
+    def read_from(method: Any, t: torch.Tensor) -> int:
+        out = method.execute([t], copy_outputs=False)[0]
+        assert torch.equal(out, t)
+        return out.data_ptr()
+
+    graph = load(path, options=RuntimeOptions(cuda_graph=True)).method("forward")
+    assert read_from(graph, x) == read_from(graph, x) == x.data_ptr()
+    planned = read_from(graph, y)
+    assert planned != y.data_ptr() and read_from(graph, x) == planned
+    assert read_from(graph, x.double().float()) == planned  # a new buffer: still the planned copy
+    plain = load(path).method("forward")
+    assert [read_from(plain, t) for t in (x, y, x)] == [x.data_ptr(), y.data_ptr(), x.data_ptr()]
+    converted = plain.execute([x.double()], copy_outputs=False)[0]  # another dtype: copied, converted
+    assert converted.dtype == torch.float32 and torch.equal(converted, x)
+
+
 # ---- on the GPU ----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
