@@ -109,16 +109,19 @@ def run_transform(cfg: Mapping[str, Any], in_dir: str | Path, out_dir: str | Pat
     _save_edge(manager, methods, out_dir)
 
 
-def run_serialize(cfg: Mapping[str, Any], in_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
-    """Write `<name>.pte` (+ `.ptd`, ETRecord) and `manifest.json` into `out_dir`."""
+def run_serialize(cfg: Mapping[str, Any], in_dir: str | Path, program_dir: str | Path,
+                  manifest_path: str | Path) -> dict[str, Path]:
+    """Write `<name>.pte` (+ `.ptd`, ETRecord) into `program_dir`, one directory that appears
+    complete or not at all (so DVC caches every file of the program), and `manifest_path`."""
     methods = list(cfg["model"]["methods"])
     manager = _load_edge(methods, in_dir)
     name = cfg["serialize"].get("output_name") or cfg["model"]["name"]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files = write_program(manager, out / f"{name}.pte", external_data=bool(cfg["serialize"].get("external_data")),
-                          etrecord=bool(cfg["serialize"].get("etrecord")))
-    write_json(out / "manifest.json", manifest(cfg, files))
+    with atomic_dir(program_dir) as tmp:
+        written = write_program(manager, tmp / f"{name}.pte", external_data=bool(cfg["serialize"].get("external_data")),
+                                etrecord=bool(cfg["serialize"].get("etrecord")))
+        record = manifest(cfg, written)
+    files = {kind: Path(program_dir) / path.name for kind, path in written.items()}
+    write_json(manifest_path, record)
     return files
 
 
@@ -132,12 +135,12 @@ def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path]) -> dict[str, Any
     }
 
 
-def run_validate(cfg: Mapping[str, Any], build_dir: str | Path, metrics: str | Path) -> dict[str, Any]:
-    """Run the built program against eager PyTorch and write `metrics`."""
+def run_validate(cfg: Mapping[str, Any], program_dir: str | Path, metrics: str | Path) -> dict[str, Any]:
+    """Run the built program (in `program_dir`) against eager PyTorch and write `metrics`."""
     from pipeline.validate import validate_program
 
     name = cfg["serialize"].get("output_name") or cfg["model"]["name"]
-    pte = Path(build_dir) / f"{name}.pte"
+    pte = Path(program_dir) / f"{name}.pte"
     ptd = pte.with_suffix(".ptd")
     result = validate_program(cfg, pte, ptd if ptd.exists() else None)
     write_json(metrics, result)
@@ -150,9 +153,9 @@ def run_all(cfg: Mapping[str, Any], build_dir: str | Path, validate: bool = Fals
     run_compile(cfg, build / "compiled")
     run_export(cfg, build / "compiled", build / "exported", build / "report.json")
     run_transform(cfg, build / "exported", build / "transformed")
-    files = run_serialize(cfg, build / "transformed", build)
+    files = run_serialize(cfg, build / "transformed", build / "program", build / "manifest.json")
     if validate:
-        run_validate(cfg, build, build / "metrics.json")
+        run_validate(cfg, build / "program", build / "metrics.json")
         files["metrics"] = build / "metrics.json"
     return files
 

@@ -1,4 +1,4 @@
-"""DVC stage `serialize`: write <name>.pte (+ .ptd) and manifest.json."""
+"""DVC stage `serialize`: write the program directory (<name>.pte, + .ptd, ETRecord) and manifest.json."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pipeline.steps import run_serialize
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("in_dir")
-    parser.add_argument("out_dir")
+    parser.add_argument("program_dir")
+    parser.add_argument("manifest")
     args = parser.parse_args()
-    run_serialize(setup(), args.in_dir, args.out_dir)
+    run_serialize(setup(), args.in_dir, args.program_dir, args.manifest)
 
 
 if __name__ == "__main__":

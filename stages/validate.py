@@ -11,10 +11,10 @@ from pipeline.steps import run_validate
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("build_dir")
+    parser.add_argument("program_dir")
     parser.add_argument("metrics")
     args = parser.parse_args()
-    run_validate(setup(), args.build_dir, args.metrics)
+    run_validate(setup(), args.program_dir, args.metrics)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
                                                          "validate"]
     out = repo / "build" / "mlp"
     assert "forward" in json.loads((out / "metrics.json").read_text())["methods"]
-    assert (out / "mlp.pte").stat().st_size > 10_000
+    assert (out / "program" / "mlp.pte").stat().st_size > 10_000
     assert json.loads((out / "report.json").read_text())["forward"]["num_engines"] == 1
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["files"]["pte"]["sha256"] and manifest["toolchain"]["tensorrt_version"]
@@ -73,6 +73,17 @@ def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
     assert changed[:2] == ["toolchain", "compile"]
     assert _stages_run(_run(["dvc", "repro"], repo, PIPELINE_TOOLCHAIN_EXTRA="driver-2")) == ["toolchain"]
 
+    # Every file of the program directory is an output like the .pte: cached, and restored by checkout
+    # (the mlp's weights all live in its engine, so external data writes no .ptd here).
+    _run([sys.executable, "-m", "pipeline.config.compose", "transforms=dead_code", "compile.precision=fp16",
+          "serialize=external", "serialize.etrecord=true"], repo)
+    assert "serialize" in _stages_run(_run(["dvc", "repro"], repo, PIPELINE_TOOLCHAIN_EXTRA="driver-2"))
+    program = {p.name: p.read_bytes() for p in (out / "program").iterdir()}
+    assert set(program) == {"mlp.pte", "mlp_etrecord.bin"}
+    shutil.rmtree(out / "program")
+    _run(["dvc", "checkout"], repo)
+    assert {p.name: p.read_bytes() for p in (out / "program").iterdir()} == program
+
 
 def test_exp_run_applies_overrides(repo: Path) -> None:
     _run([sys.executable, "-m", "pipeline.config.compose"], repo)
@@ -86,12 +97,12 @@ def test_exp_run_applies_overrides(repo: Path) -> None:
 
 def test_hydra_multirun_sweep(tmp_path: Path) -> None:
     _run([sys.executable, "-m", "pipeline", "-m", "compile.precision=fp32,fp16", f"hydra.sweep.dir={tmp_path}"], ROOT)
-    outputs = sorted(tmp_path.glob("*/mlp.pte"))
+    outputs = sorted(tmp_path.glob("*/program/mlp.pte"))
     assert len(outputs) == 2 and outputs[0].read_bytes() != outputs[1].read_bytes()
     for pte in outputs:
-        manifest = json.loads((pte.parent / "manifest.json").read_text())
+        manifest = json.loads((pte.parent.parent / "manifest.json").read_text())
         assert manifest["files"]["pte"]["bytes"] == pte.stat().st_size
-    precisions = {json.loads((p.parent / "params.json").read_text())["compile"]["precision"] for p in outputs}
+    precisions = {json.loads((p.parent.parent / "params.json").read_text())["compile"]["precision"] for p in outputs}
     assert precisions == {"fp32", "fp16"}
 
 

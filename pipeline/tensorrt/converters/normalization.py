@@ -33,7 +33,7 @@ _BN_OK = v.all_of(
 
 def batch_norm_folded_into(ctx: ConversionContext, conv: Node) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The (weight, bias) of convolution `conv` with its only consumer, an inference batch norm on
-    constant statistics, folded in (computed in fp32, as ONNX exporters do); None when it does not apply.
+    constant statistics, folded in (computed in float64, kept as fp32); None when it does not apply.
 
     The batch norm's converter then passes the convolution's output through (`ctx.folded`).
     """
