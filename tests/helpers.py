@@ -13,9 +13,12 @@ from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_trans
 
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.engine_runner import EngineRunner, cuda_ready
+from pipeline.tensorrt.network import define_network
 from pipeline.tensorrt.partitioner import TensorRTPartitioner
 from pipeline.tensorrt.report import delegates
+from pipeline.tensorrt.trt_api import trt
 
 # Tolerance per precision, relative to the reference's largest magnitude (documented in README).
 TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 6e-2}
@@ -109,6 +112,20 @@ def check_converter(module: torch.nn.Module, inputs: Sequence[Any], precision: s
             assert_not_degenerate(r)
             assert_close(o, r, precision)
     return edge
+
+
+def network_layers(module: torch.nn.Module, x: torch.Tensor, dialect: str = "aten") -> tuple[list[str], ConversionContext]:
+    """The layer types of the network made from `module`'s ATen program, or from the Edge subgraph
+    that TensorRT claims when lowering (the path `.pte` engines take)."""
+    if dialect == "aten":
+        program = torch.export.export(module, (x,)).run_decompositions()
+    else:
+        edge, _ = lower(module, (x,))
+        program = edge.exported_program().graph_module.lowered_module_0.original_module
+    builder = trt().Builder(trt().Logger(trt().Logger.ERROR))
+    definition = define_network(builder, program, TensorRTCompileSpec())
+    network = definition.network
+    return [str(network.get_layer(i).type) for i in range(network.num_layers)], definition.ctx
 
 
 def refusal(module: torch.nn.Module, inputs: Sequence[Any], **spec: Any) -> dict[str, str]:

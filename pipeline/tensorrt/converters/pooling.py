@@ -8,6 +8,7 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
+from pipeline.tensorrt.converters._layers import axes_mask
 from pipeline.tensorrt.converters.registry import converter
 from pipeline.tensorrt.trt_api import trt
 
@@ -74,6 +75,8 @@ def avg_pool2d(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs
 
 
 def _adaptive_ok(node: Node, spec: Any) -> str | None:
+    if _pair(node.args[1]) == (1, 1):  # global pooling: a reduction, for any spatial size
+        return v.FLOAT_ONLY(node, spec)
     if not _static_spatial(node):
         return "adaptive pooling needs static spatial dims"
     shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
@@ -85,7 +88,13 @@ def _adaptive_ok(node: Node, spec: Any) -> str | None:
 
 @converter(aten.adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d.default, validator=_adaptive_ok)
 def adaptive_avg_pool2d(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
     out = _pair(args[1])
+    if out == (1, 1):
+        # Global pooling as a mean over H and W: TensorRT-RTX runs it faster than a full-window
+        # pooling layer (MobileNetV3-Small on the H200: 0.229 instead of 0.255 ms per engine run).
+        rank = len(args[0].shape)
+        return ctx.network.add_reduce(args[0], trt().ReduceOperation.AVG, axes_mask((rank - 2, rank - 1), rank),
+                                      True).get_output(0)
+    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
     kernel = tuple(int(s) // o for s, o in zip(shape[-2:], out))
     return _pool(ctx, args[0], trt().PoolingType.AVERAGE, kernel, kernel, (0,), False).get_output(0)

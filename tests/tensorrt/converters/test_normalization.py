@@ -3,13 +3,9 @@
 import pytest
 import torch
 
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters.normalization import batch_norm_folded_into
 from pipeline.tensorrt.converters.registry import aten_op
-from pipeline.tensorrt.network import define_network
-from pipeline.tensorrt.trt_api import trt
-from tests.helpers import Fn, check_converter, lower, refusal
+from tests.helpers import Fn, check_converter, network_layers, refusal
 
 torch.manual_seed(0)
 
@@ -63,24 +59,10 @@ def _conv_bn(bias: bool) -> torch.nn.Sequential:
     return torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, bias=bias), _bn(6), torch.nn.ReLU()).eval()
 
 
-def _network_layers(module: torch.nn.Module, x: torch.Tensor, dialect: str = "aten") -> tuple[list[str], ConversionContext]:
-    """The layer types of the network made from `module`'s ATen program, or from the Edge subgraph
-    that TensorRT claims when lowering (the path `.pte` engines take)."""
-    if dialect == "aten":
-        program = torch.export.export(module, (x,)).run_decompositions()
-    else:
-        edge, _ = lower(module, (x,))
-        program = edge.exported_program().graph_module.lowered_module_0.original_module
-    builder = trt().Builder(trt().Logger(trt().Logger.ERROR))
-    definition = define_network(builder, program, TensorRTCompileSpec())
-    network = definition.network
-    return [str(network.get_layer(i).type) for i in range(network.num_layers)], definition.ctx
-
-
 @pytest.mark.parametrize("bias, dialect", [(False, "aten"), (True, "aten"), (False, "edge")])
 def test_batch_norm_after_convolution_folds_into_it(bias: bool, dialect: str) -> None:
     module, x = _conv_bn(bias), torch.randn(2, 3, 8, 8)
-    layers, ctx = _network_layers(module, x, dialect)
+    layers, ctx = network_layers(module, x, dialect)
     assert not any("UNARY" in t or "ELEMENTWISE" in t for t in layers), layers
     # The folded kernel computes the same as conv -> batch norm (checked here in PyTorch, on CPU).
     conv = next(n for n in ctx.values if aten_op(n.target) == torch.ops.aten.convolution.default)
@@ -95,6 +77,6 @@ def test_batch_norm_after_convolution_folds_into_it(bias: bool, dialect: str) ->
 def test_batch_norm_stays_when_convolution_output_is_used_elsewhere() -> None:
     module = Fn(lambda m, x: (lambda y: m.bn(y) + y)(m.conv(x)))
     module.conv, module.bn = torch.nn.Conv2d(3, 6, 3), _bn(6)
-    layers, _ = _network_layers(module.eval(), torch.randn(2, 3, 8, 8))
+    layers, _ = network_layers(module.eval(), torch.randn(2, 3, 8, 8))
     assert sum("ELEMENTWISE" in t for t in layers) >= 3, layers  # scale, shift, the sum
     check_converter(module.eval(), (torch.randn(2, 3, 8, 8),))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.helpers import check_converter, refusal
+from tests.helpers import check_converter, network_layers, refusal
 
 torch.manual_seed(0)
 X = torch.randn(2, 4, 12, 12)
@@ -38,3 +38,15 @@ def test_refuses_dilated_max_pool() -> None:
 def test_refuses_uneven_adaptive_pool() -> None:
     reasons = refusal(torch.nn.AdaptiveAvgPool2d(5), (X,))
     assert any("divide evenly" in r for r in reasons.values()), reasons
+
+
+def test_global_average_pool_is_one_reduction() -> None:
+    # TensorRT-RTX runs a mean over H and W faster than a full-window pooling layer (docs/gpu-results.md).
+    for dialect in ("aten", "edge"):
+        layers, _ = network_layers(torch.nn.AdaptiveAvgPool2d(1), X, dialect)
+        assert layers == ["LayerType.REDUCE"], (dialect, layers)
+
+
+def test_global_average_pool_takes_dynamic_spatial_dims() -> None:
+    side = torch.export.Dim("side", min=4, max=32)
+    check_converter(torch.nn.AdaptiveAvgPool2d(1), (X,), dynamic_shapes=({2: side, 3: side},))
