@@ -21,10 +21,18 @@ class TensorRTDelegate:
         self.inputs = args[: len(meta.inputs)]
         self.outputs = args[len(meta.inputs):]
         self.runner = EngineRunner(engine, meta.io_bindings, options, stream)
+        self.fresh: frozenset[int] = frozenset()  # output positions that may go to new tensors
+
+    def hand_out(self, indices: set[int]) -> None:
+        """Let the outputs at these value indices (the method's own outputs) be written into new
+        tensors, which the caller then owns, instead of planned memory that needs a copy."""
+        self.fresh = frozenset(k for k, i in enumerate(self.outputs) if i in indices)
 
     def __call__(self, values: list[Any]) -> None:
-        # The engine writes straight into the planned output tensors (no copies, no host trips).
-        self.runner(*[values[i] for i in self.inputs], outputs=[values[i] for i in self.outputs])
+        # The engine writes straight into planned (or new) output tensors: no copies, no host trips.
+        outs = self.runner(*[values[i] for i in self.inputs], outputs=[values[i] for i in self.outputs], fresh=self.fresh)
+        for i, out in zip(self.outputs, outs):
+            values[i] = out
 
 
 def make_delegate(backend: str, payload: bytes, args: list[int], options: RuntimeOptions, stream: Any) -> Any:

@@ -63,6 +63,7 @@ class EngineRunner:
         self._shapes: dict[str, torch.Size] = {}
         self._addresses: dict[str, int] = {}
         self._out_shapes: list[tuple[int, ...]] | None = None
+        self._held: set[str] = set()  # outputs that stay in the caller-given tensors (see __call__)
 
     def _make_context(self, t: Any) -> Any:
         if not hasattr(self.engine, "create_runtime_config"):
@@ -87,11 +88,17 @@ class EngineRunner:
             with open(self.options.runtime_cache_path, "wb") as f:
                 f.write(bytes(self._runtime_cache.serialize()))
 
-    def __call__(self, *args: torch.Tensor, outputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """Run on `self.stream`; `outputs` (resized to fit) receive the results instead of new tensors.
+    def __call__(self, *args: torch.Tensor, outputs: list[torch.Tensor] | None = None,
+                 fresh: frozenset[int] = frozenset()) -> list[torch.Tensor]:
+        """Run on `self.stream`; returns the tensors written, in binding order.
 
-        Shapes and addresses are handed to TensorRT only when they change: the steady state of a
-        program that reuses its buffers is one `execute_async_v3` call.
+        Without `outputs` every output is a new tensor. With `outputs` (resized to fit) the engine
+        writes into them, except at the positions in `fresh`, which get new tensors. Under a CUDA
+        graph (captured at fixed addresses; TensorRT-RTX captures it again whenever a bound address
+        moves) a new tensor is used only where the previous one was (the caller let it go and the
+        allocator handed the block back); otherwise that output goes to `outputs` from then on.
+        Shapes and addresses are handed to TensorRT only when they change: the steady state is one
+        `execute_async_v3` call.
         """
         if len(args) != len(self.inputs):
             raise ValueError(f"engine takes {len(self.inputs)} inputs, got {len(args)}")
@@ -110,12 +117,17 @@ class EngineRunner:
             self._out_shapes = [tuple(self.context.get_tensor_shape(b.name)) for b in self.outputs]
         outs = []
         for i, (binding, dtype, shape) in enumerate(zip(self.outputs, self._out_dtypes, self._out_shapes)):
-            if outputs is not None:
-                out = outputs[i]
+            out = None
+            if outputs is None or (i in fresh and binding.name not in self._held):
+                out = torch.empty(shape, dtype=dtype, device="cuda")
+                bound = self._addresses.get(binding.name)
+                if outputs is not None and self.options.cuda_graph and bound not in (None, out.data_ptr()):
+                    self._held.add(binding.name)  # the caller keeps its outputs: stay in `outputs`
+                    out = None
+            if out is None:
+                out = outputs[i]  # type: ignore[index]
                 if tuple(out.shape) != shape:
                     out.resize_(shape)
-            else:
-                out = torch.empty(shape, dtype=dtype, device="cuda")
             self._bind(binding.name, out.data_ptr())
             outs.append(out)
         if not self.context.execute_async_v3(self.stream.cuda_stream):

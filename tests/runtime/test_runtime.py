@@ -185,3 +185,33 @@ def test_repeated_calls_new_inputs_and_streams_on_gpu(cuda_graph: bool, tmp_path
         kept.append((out, ref))
     for out, ref in kept:
         assert_close(out, ref, "fp32")
+
+
+@pytest.mark.gpu
+def test_engine_outputs_handed_out_without_copies_on_gpu(tmp_path: Path) -> None:
+    """An engine-only method hands out the tensors its engine wrote. Under a CUDA graph, a caller
+    that lets each output go gets the next one at the same address (the graph stays as captured);
+    once a caller holds one, the engine writes planned memory and the caller gets copies."""
+    cfg = _cfg("model=mlp", "compile.allow_tf32=false")
+    files = run_all(cfg, tmp_path)
+    method = load(files["pte"], options=RuntimeOptions(cuda_graph=True)).method("forward")
+    module = objects.model(cfg).cuda()
+    x = torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        ref = module(x)
+    with torch.cuda.stream(method.stream):
+        addresses = set()
+        for _ in range(3):
+            out = method.execute([x])[0]
+            assert_close(out, ref, "fp32")
+            addresses.add(out.data_ptr())
+            del out
+        assert len(addresses) == 1
+        held = method.execute([x])[0]
+        later = [method.execute([x * k])[0] for k in (2.0, 3.0)]
+    torch.cuda.synchronize()
+    assert_close(held, ref, "fp32")
+    for k, out in zip((2.0, 3.0), later):
+        with torch.no_grad():
+            assert_close(out, module(x * k), "fp32")
+    assert later[0].data_ptr() != later[1].data_ptr() != held.data_ptr()
