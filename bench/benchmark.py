@@ -1,6 +1,7 @@
 """GPU benchmark: per model, median and p90 latency of eager PyTorch, torch.compile (CUDA graphs),
 the raw TensorRT engine(s) driven directly (with and without a CUDA graph), and pipeline.runtime
-on the .pte; plus engine build time and file sizes. Prints a markdown table.
+on the .pte; plus engine build time and file sizes. Prints a markdown table. Variants take turns
+in blocks of calls, so that noise on the machine hits them alike.
 
     python bench/benchmark.py --models mobilenet_v3_small resnet18 --precision fp32 fp16
 """
@@ -8,11 +9,13 @@ on the .pte; plus engine build time and file sizes. Prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +31,56 @@ from pipeline.tensorrt import blob
 from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
 
 
-def timed(fn: Callable[[], Any], iters: int, warmup: int, stream: Any = None) -> tuple[float, float, float]:
-    """(first call, median, p90) in milliseconds, timed with CUDA events on `stream` (default: current)."""
-    stream = stream or torch.cuda.current_stream()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    first = (time.perf_counter() - start) * 1e3
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(iters):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        samples.append(begin.elapsed_time(end))
-    samples.sort()
-    return first, statistics.median(samples), samples[int(0.9 * (len(samples) - 1))]
+@dataclass(frozen=True)
+class Timing:
+    """Timed calls per variant, untimed warm-up calls, and calls per turn (see `timed`)."""
+
+    iters: int = 200
+    warmup: int = 50
+    block: int = 20
 
 
-def bench_model(name: str, precision: str, iters: int, warmup: int, use_compile: bool,
+@dataclass
+class Variant:
+    """One way of running a method: a name, a zero-argument call, the stream it runs on; and, once
+    timed, its first call and its samples in milliseconds."""
+
+    name: str
+    fn: Callable[[], Any]
+    stream: Any = None
+    first_ms: float = 0.0
+    samples: list[float] = field(default_factory=list)
+
+
+def timed(variants: list[Variant], timing: Timing) -> None:
+    """First call and warm-up per variant, then `timing.iters` timed calls per variant, in blocks
+    of `timing.block` calls taking turns: noise on the machine (other work, clock changes) spreads over
+    every variant alike, while each block runs hot as a steady-state loop does (its first call,
+    after another variant's, is the cold one). Each call is timed with CUDA events on the
+    variant's stream (default: the default stream) around one synced call."""
+    for v in variants:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.cuda.stream(v.stream) if v.stream is not None else contextlib.nullcontext():
+            v.fn()
+            torch.cuda.synchronize()
+            v.first_ms = (time.perf_counter() - start) * 1e3
+            for _ in range(timing.warmup):
+                v.fn()
+    for done in range(0, timing.iters, timing.block):
+        for v in variants:
+            stream = v.stream if v.stream is not None else torch.cuda.default_stream()
+            with torch.cuda.stream(stream):
+                for _ in range(min(timing.block, timing.iters - done)):
+                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    begin.record(stream)
+                    v.fn()
+                    end.record(stream)
+                    end.synchronize()
+                    v.samples.append(begin.elapsed_time(end))
+
+
+def bench_model(name: str, precision: str, timing: Timing, use_compile: bool,
                 overrides: list[str]) -> list[dict[str, Any]]:
     """Rows for every method of one zoo model, built from the default config plus Hydra `overrides`."""
     cfg = OmegaConf.to_container(compose([f"model={name}", f"compile.precision={precision}", *overrides]), resolve=True)
@@ -70,43 +100,43 @@ def bench_model(name: str, precision: str, iters: int, warmup: int, use_compile:
                  "engine_build_s": report[method]["build_seconds"], "pipeline_build_s": build}
         calls = [c for c in pte.delegate_calls(program) if c.backend == blob.BACKEND_ID and c.method == method]
         plan = next(p for p in program.execution_plan if p.name == method)
-        rows += [{**sizes, **r} for r in _bench_method(method, model, spec, inputs, files, (calls, plan), iters, warmup,
+        rows += [{**sizes, **r} for r in _bench_method(method, model, spec, inputs, files, (calls, plan), timing,
                                                         use_compile)]
     return [{"model": name, "precision": precision, **r} for r in rows]
 
 
 def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[torch.Tensor], files: Any,
-                  delegates: tuple[list[Any], Any], iters: int, warmup: int, use_compile: bool) -> list[dict[str, Any]]:
+                  delegates: tuple[list[Any], Any], timing: Timing, use_compile: bool) -> list[dict[str, Any]]:
     calls, plan = delegates
     dtype = next(model.parameters()).dtype
     eager_inputs = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
     module = objects.method_module(model, spec)
-    rows = []
-    with torch.no_grad():
-        rows.append({"variant": "eager", **_row(timed(lambda: module(*eager_inputs), iters, warmup))})
-        if use_compile:
-            compiled = torch.compile(module, mode="reduce-overhead")
-            rows.append({"variant": "torch.compile (CUDA graphs)", **_row(timed(lambda: compiled(*eager_inputs), iters, warmup))})
+    variants = [Variant("eager", lambda: module(*eager_inputs))]
+    if use_compile:
+        compiled = torch.compile(module, mode="reduce-overhead")
+        variants.append(Variant("torch.compile (CUDA graphs)", lambda: compiled(*eager_inputs)))
     for graph in (False, True):
-        stream = torch.cuda.Stream()
+        suffix = " + CUDA graph" if graph else ""
         if len(calls) == 1:
             meta, engine = blob.decode(calls[0].payload)
+            stream = torch.cuda.Stream()
             runner = EngineRunner(engine, meta.io_bindings, RuntimeOptions(cuda_graph=graph), stream)
             position = {value: i for i, value in enumerate(plan.inputs)}
             args = calls[0].args[: len(meta.inputs)]
-            by_position = [inputs[position[a]] for a in args] if all(a in position for a in args) else None
-            if by_position is not None:
-                rows.append({"variant": f"raw engine{' + CUDA graph' if graph else ''}",
-                             **_row(timed(lambda: runner(*by_position), iters, warmup, stream))})
+            if all(a in position for a in args):
+                by_position = [inputs[position[a]] for a in args]
+                variants.append(Variant(f"raw engine{suffix}", lambda r=runner, a=by_position: r(*a), stream))
         method = load(files["pte"], options=RuntimeOptions(cuda_graph=graph)).method(name)
-        with torch.cuda.stream(method.stream):  # called from its stream, as the raw engine is driven on its own
-            rows.append({"variant": f"pipeline.runtime .pte{' + CUDA graph' if graph else ''}",
-                         **_row(timed(lambda: method.execute(inputs), iters, warmup, method.stream))})
-    return rows
+        # called from its stream, as the raw engine is driven on its own
+        variants.append(Variant(f"pipeline.runtime .pte{suffix}", lambda m=method: m.execute(inputs), method.stream))
+    with torch.no_grad():
+        timed(variants, timing)
+    return [{"variant": v.name, **_row(v)} for v in variants]
 
 
-def _row(t: tuple[float, float, float]) -> dict[str, float]:
-    return {"first_ms": t[0], "median_ms": t[1], "p90_ms": t[2]}
+def _row(v: Variant) -> dict[str, float]:
+    samples = sorted(v.samples)
+    return {"first_ms": v.first_ms, "median_ms": statistics.median(samples), "p90_ms": samples[int(0.9 * (len(samples) - 1))]}
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -123,6 +153,7 @@ def main() -> None:
     parser.add_argument("--precision", nargs="+", default=["fp32"])
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--block", type=int, default=20, help="calls per variant per turn (variants take turns)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--override", nargs="*", default=[], help="Hydra overrides, e.g. compile.optimization_level=5")
     parser.add_argument("--out", type=Path, help="also write the table here")
@@ -133,7 +164,8 @@ def main() -> None:
     for model in args.models:
         for precision in args.precision:
             try:
-                rows += bench_model(model, precision, args.iters, args.warmup, not args.no_compile, args.override)
+                rows += bench_model(model, precision, Timing(args.iters, args.warmup, args.block), not args.no_compile,
+                                    args.override)
             except Exception as exc:  # one broken model must not cost the whole table
                 print(f"{model} {precision}: {type(exc).__name__}: {exc}")
     table = markdown(rows)
