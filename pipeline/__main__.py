@@ -1,34 +1,54 @@
 """`python -m pipeline [OVERRIDES]`: the Hydra app that runs compile, export, transform,
 serialize and validate in-process for one composed config, writing into Hydra's run directory;
-`python -m pipeline -m compile.precision=fp32,fp16 model=mlp,resnet18` sweeps with multirun."""
+`python -m pipeline -m compile.precision=fp32,fp16 model=mlp,resnet18` sweeps with multirun.
+
+Before Hydra starts, arguments that would name code and malformed YAML are refused; the run
+directory is claimed by `pipeline.run_dir.RunDirGuard` (see `conf/config.yaml`); outputs move into
+it only when complete. Errors are one line (`PIPELINE_DEBUG=1` for tracebacks)."""
 
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.cli import check_arguments, check_yaml, reported
 from pipeline.config.compose import CONF_DIR
 from pipeline.config.schema import register_configs
 from pipeline.config.validate import validate
-from pipeline.steps import run_all, write_json
+from pipeline.files import write_json
+from pipeline.run_dir import staged
 
 log = logging.getLogger("pipeline")
-register_configs()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Build one config into the run directory."""
-    validate(cfg)
-    out = HydraConfig.get().runtime.output_dir
-    container = OmegaConf.to_container(cfg, resolve=True)
-    files = run_all(container, out, validate=True)  # type: ignore[arg-type]
-    write_json(f"{out}/params.json", container)
-    log.info("wrote %s", ", ".join(str(p) for p in files.values()))
+    from pipeline.steps import run_all
+
+    with reported():
+        validate(cfg)
+        out = Path(HydraConfig.get().runtime.output_dir)
+        container = OmegaConf.to_container(cfg, resolve=True)
+        with staged(out) as tmp:
+            files = run_all(container, tmp, validate=True)  # type: ignore[arg-type]
+            write_json(tmp / "params.json", container)
+        log.info("wrote %s", ", ".join(str(out / p.relative_to(tmp)) for p in files.values()))
+
+
+def cli() -> None:
+    """Check the command line and `conf/`, then run the Hydra app."""
+    with reported():
+        check_arguments(sys.argv[1:])
+        check_yaml(CONF_DIR)
+        register_configs()
+    main()
 
 
 if __name__ == "__main__":
-    main()
+    cli()

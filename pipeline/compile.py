@@ -77,6 +77,12 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions()
                   if sum(is_operator(n) for n in p.nodes) >= spec.min_block_size]
+    # Nodes in graph order (the partitioner's own order varies run to run), so each engine's inputs
+    # and outputs, and with them its bytes, are the same for the same program.
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for p in partitions:
+        p.nodes = {n: p.nodes[n] for n in sorted(p.nodes, key=order.__getitem__)}
+    partitions.sort(key=lambda p: min(order[n] for n in p.nodes))
     fused = partitioner.fuse_partitions(partitions)
     count = 0
     for node in list(fused.graph.nodes):
@@ -108,7 +114,8 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
     inputs = [ph for ph in placeholders if constants[ph.name] is None]
     outputs = _outputs(sub)
     shapes = [[_dim_expr(d, inputs) for d in o.meta["val"].shape] for o in outputs]
-    stats = {"build_seconds": built.build_seconds, "num_layers": built.num_layers, "engine_bytes": len(built.engine)}
+    # Only what the build determines: timings would make cached stage outputs differ run to run.
+    stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine)}
     metadata = engine_op.encode_metadata(built.metadata, shapes, stats)
     name = f"_tensorrt_engine_{call.target.removeprefix('fused_')}"  # type: ignore[union-attr]
     gm.register_buffer(name, torch.frombuffer(bytearray(built.engine), dtype=torch.uint8))

@@ -23,7 +23,12 @@ class EngineBuildError(PipelineError):
     """TensorRT refused to build an engine from a network we made."""
 
 
-class BlobFormatError(PipelineError, ValueError):
+class ArtifactError(PipelineError, ValueError):
+    """A file the pipeline reads (`.pte`, `.ptd`, stage intermediate) is truncated, corrupt, not
+    the file it claims to be, or asks for something we refuse to do (unpickling)."""
+
+
+class BlobFormatError(ArtifactError):
     """A TensorRT delegate blob is truncated, corrupt, or of an unknown version."""
 
 
@@ -33,6 +38,18 @@ class ExportError(PipelineError, ValueError):
 
 class ConfigError(PipelineError, ValueError):
     """A composed pipeline config is invalid (order of partitioners, targets, methods)."""
+
+
+class InputError(PipelineError, ValueError):
+    """A method was called with inputs outside what its program was built for."""
+
+
+class OutputError(PipelineError, OSError):
+    """An output could not be written (disk full, permissions); the message names the path."""
+
+
+class RunDirError(PipelineError):
+    """A run directory holds another run's files, or another run is writing it."""
 
 
 class RuntimeUnavailableError(PipelineError):

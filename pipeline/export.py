@@ -22,7 +22,9 @@ from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBac
 from executorch.exir.backend.partitioner import Partitioner
 from torch.export import ExportedProgram
 
+from pipeline import record
 from pipeline.errors import ExportError
+from pipeline.files import fix_modes, remove_stale_temporaries, writing
 from pipeline.tensorrt.compile_spec import METHOD_KEY, TensorRTCompileSpec
 from pipeline.tensorrt.partitioner import TensorRTPartitioner
 from pipeline.tensorrt.report import lowering_report
@@ -77,6 +79,7 @@ def export(
         compile_config=compile_config or EdgeCompileConfig(_check_ir_validity=False),
         generate_etrecord=generate_etrecord,
     )
+    _keep_lower_bounds(manager, staged)
     manager.tensorrt_report = lowering_report(manager._edge_programs, {m: trt[m].record for m in methods})  # type: ignore[attr-defined]
     return manager
 
@@ -96,30 +99,37 @@ def write_program(manager: EdgeProgramManager, path: str | os.PathLike[str], *, 
                   etrecord: bool = False) -> dict[str, Path]:
     """Serialize `manager` to `<path>` (.pte), `<base>.ptd` when tensor data is external and any
     exists (a stale `.ptd` is removed), and `<base>_etrecord.bin` with `etrecord`. Every file is
-    written to a temporary name first: outputs appear complete or not at all.
+    written to a temporary name first: outputs appear complete or not at all. The `.pte` carries its
+    program record (`record.py`): its inputs' bounds, its own digest and its `.ptd`'s.
 
     Returns:
         The files written, by kind ("pte", "ptd", "etrecord").
     """
-    program = manager.to_executorch(ExecutorchBackendConfig(external_constants=external_data))
+    sealed = copy.copy(manager)  # the caller's manager keeps its constant methods
+    programs = {m: manager.exported_program(m) for m in manager.methods}
+    sealed._config_methods = {**(manager._config_methods or {}), record.METHOD: record.placeholder(record.inputs_of(programs))}
+    program = sealed.to_executorch(ExecutorchBackendConfig(external_constants=external_data))
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     base = target.with_suffix("")
     written = {"pte": target}
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        (Path(tmp) / "program.pte").write_bytes(program.buffer)
-        ptd = _tensor_data(program, Path(tmp))
-        if ptd is not None:
-            os.replace(ptd, base.with_suffix(".ptd"))
-            written["ptd"] = base.with_suffix(".ptd")
-        elif base.with_suffix(".ptd").exists():
-            base.with_suffix(".ptd").unlink()
-        if etrecord:
-            record = Path(f"{base}_etrecord.bin")
-            _write_etrecord(manager, program, Path(tmp) / "etrecord.bin")
-            os.replace(Path(tmp) / "etrecord.bin", record)
-            written["etrecord"] = record
-        os.replace(Path(tmp) / "program.pte", target)
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.tmp-{os.getpid()}-") as tmp:
+            ptd = _tensor_data(program, Path(tmp))
+            (Path(tmp) / "program.pte").write_bytes(record.seal(program.buffer, record.sha256(ptd.read_bytes()) if ptd else None))
+            if etrecord:
+                _write_etrecord(manager, program, Path(tmp) / "etrecord.bin")
+            fix_modes(Path(tmp))
+            if ptd is not None:
+                os.replace(ptd, base.with_suffix(".ptd"))
+                written["ptd"] = base.with_suffix(".ptd")
+            elif base.with_suffix(".ptd").exists():
+                base.with_suffix(".ptd").unlink()
+            if etrecord:
+                os.replace(Path(tmp) / "etrecord.bin", Path(f"{base}_etrecord.bin"))
+                written["etrecord"] = Path(f"{base}_etrecord.bin")
+            os.replace(Path(tmp) / "program.pte", target)
     return written
 
 
@@ -144,6 +154,18 @@ def _tensor_data(program: Any, tmp: Path) -> Path | None:
     if len(files) != 1:
         raise ExportError(f"expected one .ptd of external tensor data, ExecuTorch wrote {[f.name for f in files]}")
     return files[0]
+
+
+def _keep_lower_bounds(manager: EdgeProgramManager, sources: Mapping[str, ExportedProgram]) -> None:
+    """Edge lowering re-traces each program and narrows dynamic dims declared from 1 to start at 2
+    (PyTorch's 0/1 specialization); the program still takes 1, as exported, so its range says so
+    again (the program record and the runtime's input checks read these ranges)."""
+    for method, source in sources.items():
+        ranges = manager.exported_program(method).range_constraints
+        for symbol, bound in list(ranges.items()):
+            declared = source.range_constraints.get(symbol)
+            if declared is not None and declared.lower < bound.lower and declared.upper == bound.upper:
+                ranges[symbol] = type(bound)(declared.lower, bound.upper)
 
 
 # ---- staging ------------------------------------------------------------------------------------
@@ -210,8 +232,9 @@ def _check_constant_methods(constants: Mapping[str, Any] | None, methods: list[s
     for key in constants or {}:
         if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
             raise ExportError(f"constant method name {key!r} is not a Python identifier; rename it (e.g. 'max_seq_len')")
-        if key in methods:
-            raise ExportError(f"constant method {key!r} has the name of a program method; pick another name")
+        if key in methods or key == record.METHOD:
+            raise ExportError(f"constant method {key!r} has the name of a program method or of the pipeline's "
+                              "record; pick another name")
 
 
 def _check_partitioner_methods(chains: Mapping[str, Sequence[Partitioner]]) -> None:

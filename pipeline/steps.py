@@ -6,53 +6,24 @@ in-process Hydra app both call these."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from executorch.exir import EdgeCompileConfig, EdgeProgramManager
-from executorch.exir.serde.serialize import load as load_edge
-from executorch.exir.serde.serialize import save as save_edge
 
 from pipeline.compile import compile_method
 from pipeline.config import objects
 from pipeline.export import export, write_program
+from pipeline.files import atomic_dir, write_json
+from pipeline.intermediates import load_edge, load_exported, save_edge, save_exported
 from pipeline.tensorrt.trt_api import flavour
 
 log = logging.getLogger("pipeline")
-
-
-@contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """A temporary directory that replaces `path` only when the block succeeds."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        yield tmp
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def write_json(path: str | Path, data: Any) -> None:
-    """Write JSON atomically."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False, suffix=".tmp") as tmp:
-        json.dump(data, tmp, indent=2, sort_keys=True, default=str)
-    os.replace(tmp.name, target)
 
 
 def toolchain(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,28 +56,30 @@ def run_compile(cfg: Mapping[str, Any], out_dir: str | Path) -> None:
                 objects.method_module(model, spec), objects.example_inputs(spec, cfg["model"]["seed"]),
                 objects.compile_spec(cfg, method), objects.dynamic_shapes(spec, spec.get("function", "forward")), method,
             )
-            torch.export.save(program, tmp / f"{method}.pt2")
+            save_exported(program, tmp / f"{method}.pt2")
             log.info("compile: method %r done in %.1f s", method, time.perf_counter() - start)
 
 
 def run_export(cfg: Mapping[str, Any], compiled: str | Path, out_dir: str | Path, report: str | Path) -> None:
     """Lower the compiled methods (TensorRT first, then the configured chain) into Edge programs."""
     methods = list(cfg["model"]["methods"])
-    programs = {m: torch.export.load(Path(compiled) / f"{m}.pt2") for m in methods}
+    programs = {m: load_exported(Path(compiled) / f"{m}.pt2") for m in methods}
     manager = export(programs, partitioners={m: objects.partitioners(cfg, m) for m in methods},
                      compile_specs={m: objects.compile_spec(cfg, m) for m in methods})
-    _save_edge(manager, methods, out_dir)
+    with atomic_dir(out_dir) as tmp:
+        save_edge(manager, methods, tmp)
     write_json(report, manager.tensorrt_report)  # type: ignore[attr-defined]
 
 
 def run_transform(cfg: Mapping[str, Any], in_dir: str | Path, out_dir: str | Path) -> None:
     """Apply the configured Edge passes per method."""
     methods = list(cfg["model"]["methods"])
-    manager = _load_edge(methods, in_dir)
+    manager = load_edge(methods, in_dir)
     passes = {m: objects.transform_passes(cfg, m) for m in methods}
     if any(passes.values()):
         manager = manager.transform(passes)
-    _save_edge(manager, methods, out_dir)
+    with atomic_dir(out_dir) as tmp:
+        save_edge(manager, methods, tmp)
 
 
 def run_serialize(cfg: Mapping[str, Any], in_dir: str | Path, program_dir: str | Path,
@@ -114,7 +87,7 @@ def run_serialize(cfg: Mapping[str, Any], in_dir: str | Path, program_dir: str |
     """Write `<name>.pte` (+ `.ptd`, ETRecord) into `program_dir`, one directory that appears
     complete or not at all (so DVC caches every file of the program), and `manifest_path`."""
     methods = list(cfg["model"]["methods"])
-    manager = _load_edge(methods, in_dir)
+    manager = load_edge(methods, in_dir)
     name = cfg["serialize"].get("output_name") or cfg["model"]["name"]
     with atomic_dir(program_dir) as tmp:
         written = write_program(manager, tmp / f"{name}.pte", external_data=bool(cfg["serialize"].get("external_data")),
@@ -158,19 +131,6 @@ def run_all(cfg: Mapping[str, Any], build_dir: str | Path, validate: bool = Fals
         run_validate(cfg, build / "program", build / "metrics.json")
         files["metrics"] = build / "metrics.json"
     return files
-
-
-def _save_edge(manager: EdgeProgramManager, methods: list[str], out_dir: str | Path) -> None:
-    with atomic_dir(out_dir) as tmp:
-        for m in methods:
-            save_edge(manager.exported_program(m), str(tmp / f"{m}.edge"))
-
-
-def _load_edge(methods: list[str], in_dir: str | Path) -> EdgeProgramManager:
-    import pipeline.tensorrt.backend  # noqa: F401  (delegates deserialize by backend id)
-
-    programs = {m: load_edge(str(Path(in_dir) / f"{m}.edge")) for m in methods}
-    return EdgeProgramManager(programs, compile_config=EdgeCompileConfig(_check_ir_validity=False))
 
 
 def _sha256(path: Path) -> str:

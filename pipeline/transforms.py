@@ -1,4 +1,4 @@
-"""Edge transform passes the configs can name (any ExportPass from allowed modules works too)."""
+"""Edge transform passes the configs can name (any ExportPass from trusted modules works too)."""
 
 from __future__ import annotations
 

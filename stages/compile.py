@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import setup
+from _common import run, setup
 
 from pipeline.steps import run_compile
 
@@ -18,4 +18,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from _common import setup
+from _common import run, setup
 
-from pipeline.steps import toolchain, write_json
+from pipeline.files import write_json
+from pipeline.steps import toolchain
 
 
 def main() -> None:
@@ -18,4 +19,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,50 +1,66 @@
 """Turn a composed config (plain data) into the objects the library takes: the model, example
 inputs, dynamic shapes, compile specs, partitioner chains and passes. Every `_target_` is checked
-against the allowed prefixes before it is imported."""
+(trusted module, kind of its slot: `targets.py`) before it is imported or called."""
 
 from __future__ import annotations
 
-import importlib
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.export import Dim
 
+from pipeline.config.targets import locate
 from pipeline.errors import ConfigError
 from pipeline.models.decoder import MethodView
+from pipeline.models.registry import is_torchvision_builder
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
+# Input dtypes a config may name.
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
            "int32": torch.int32, "bool": torch.bool}
 
 
-def locate(target: str, allowed: list[str]) -> Any:
-    """Import `module.attr` named by a `_target_`, refusing modules outside `allowed` prefixes."""
-    if not target.startswith(tuple(allowed)):
-        raise ConfigError(f"_target_ {target!r} is outside the allowed module prefixes {allowed}")
-    module, _, attr = target.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"_target_ {target!r} cannot be imported: {exc}") from exc
-
-
-def instantiate(entry: Mapping[str, Any], allowed: list[str]) -> Any:
-    """Call `entry["_target_"]` with `entry["kwargs"]`."""
-    return locate(str(entry["_target_"]), allowed)(**dict(entry.get("kwargs") or {}))
+def instantiate(entry: Mapping[str, Any], slot: str, where: str) -> Any:
+    """Call `entry["_target_"]`, checked to be of `slot`'s kind, with `entry["kwargs"]`."""
+    return locate(str(entry["_target_"]), slot, where)(**dict(entry.get("kwargs") or {}))
 
 
 def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
-    """The model of the config, with weights from its seed."""
+    """The model of the config, with weights from its seed (passed as `seed=` to factories that take
+    it, else set as PyTorch's seed for the call). Nothing is downloaded: torchvision `weights` must be null."""
+    factory = locate(str(cfg["model"]["_target_"]), "model", "model._target_")
     kwargs = dict(cfg["model"].get("kwargs") or {})
-    return instantiate({"_target_": cfg["model"]["_target_"], "kwargs": {"seed": cfg["model"]["seed"], **kwargs}},
-                       cfg["allowed_target_prefixes"]).eval()
+    seed = int(cfg["model"]["seed"])
+    if is_torchvision_builder(factory) and any(kwargs.get(k) is not None for k in ("weights", "weights_backbone")):
+        raise ConfigError("model.kwargs names pretrained torchvision weights, which would be downloaded; builds use "
+                          "seeded random weights (leave weights null)")
+    if "seed" in inspect.signature(factory).parameters:
+        built = factory(seed=seed, **kwargs)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            built = factory(**kwargs)
+    if not isinstance(built, torch.nn.Module):
+        raise ConfigError(f"model._target_ = {cfg['model']['_target_']!r} returned a {type(built).__name__}, not an nn.Module")
+    return built.eval()
 
 
 def method_module(module: torch.nn.Module, spec: Mapping[str, Any]) -> torch.nn.Module:
-    """`module` with the method's function exposed as `forward`."""
-    return module if spec.get("function", "forward") == "forward" else MethodView(module, spec["function"])
+    """`module` with the method's function exposed as `forward`.
+
+    Raises:
+        ConfigError: `function` is not a public method the model's own class defines.
+    """
+    name = spec.get("function", "forward")
+    if name == "forward":
+        return module
+    own = inspect.getattr_static(type(module), name, None) is not None and not hasattr(torch.nn.Module, name)
+    if name.startswith("_") or not own or not callable(getattr(module, name, None)):
+        raise ConfigError(f"function = {name!r} is not a public method of {type(module).__name__} (nn.Module's own "
+                          "methods and private names are not methods of a program)")
+    return MethodView(module, name)
 
 
 def example_inputs(spec: Mapping[str, Any], seed: int) -> tuple[torch.Tensor, ...]:
@@ -52,7 +68,7 @@ def example_inputs(spec: Mapping[str, Any], seed: int) -> tuple[torch.Tensor, ..
     gen = torch.Generator().manual_seed(seed)
     out = []
     for item in spec["inputs"]:
-        dtype = _DTYPES[item.get("dtype", "float32")]
+        dtype = DTYPES[item.get("dtype", "float32")]
         if dtype.is_floating_point:
             out.append(torch.randn(*item["shape"], generator=gen).to(dtype))
         else:
@@ -81,11 +97,13 @@ def compile_spec(cfg: Mapping[str, Any], method: str) -> TensorRTCompileSpec:
 def partitioners(cfg: Mapping[str, Any], method: str) -> list[Any]:
     """The partitioners after TensorRT for one method, fresh instances."""
     chain = cfg["partitioners"]["chain"][1:]
-    return [instantiate(e, cfg["allowed_target_prefixes"]) for e in chain if not e.get("methods") or method in e["methods"]]
+    return [instantiate(e, "partitioner", f"partitioners.chain[{i}]._target_")
+            for i, e in enumerate(chain, start=1) if not e.get("methods") or method in e["methods"]]
 
 
 def transform_passes(cfg: Mapping[str, Any], method: str) -> list[Any]:
     """Edge passes for one method ("*" entries first)."""
     passes = cfg["transforms"]["passes"]
-    entries = list(passes.get("*", [])) + list(passes.get(method, []))
-    return [instantiate(e, cfg["allowed_target_prefixes"]) for e in entries]
+    entries = [(f"transforms.passes.*[{i}]", e) for i, e in enumerate(passes.get("*", []))]
+    entries += [(f"transforms.passes.{method}[{i}]", e) for i, e in enumerate(passes.get(method, []))]
+    return [instantiate(e, "pass", f"{where}._target_") for where, e in entries]

@@ -117,9 +117,6 @@ class PipelineConfig:
     serialize: SerializeConfig = MISSING
     runtime: RuntimeConfig = MISSING
     output_dir: str = "build"
-    allowed_target_prefixes: list[str] = field(
-        default_factory=lambda: ["pipeline.", "torchvision.models.", "executorch.backends.", "executorch.exir.passes."]
-    )
 
 
 GROUPS = {

@@ -1,19 +1,46 @@
-"""The pipeline's own config rules, checked before any build: TensorRT first in the chain, known
-methods in per-method maps, `_target_`s only from allowed module prefixes."""
+"""The pipeline's own config rules, checked before anything is built or written: TensorRT first in
+the chain, known methods in per-method maps, every value as the library itself would check it
+(compile specs, input dtypes, shapes and dim ranges, file names), and every `_target_` trusted and
+of its slot's kind (`targets.py`). Each failure is one `ConfigError` naming the key, the value and
+what is allowed."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from pipeline.errors import ConfigError
+from pipeline.config.targets import check_prefix, locate
+from pipeline.errors import CompileSpecError, ConfigError
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# Where code may be named, and which kind of code each place takes.
+_SLOTS = {r"model\._target_": "model", r"partitioners\.chain\[\d+\]\._target_": "partitioner",
+          r"transforms\.passes\.[^.\[]+\[\d+\]\._target_": "pass"}
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise `ConfigError` naming the first broken rule and how to fix it."""
+def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
+    """Raise `ConfigError` naming the first broken rule and how to fix it (`resolve_code`: also import
+    every `_target_` to check its kind; without it only the trusted prefix is checked)."""
     methods = list(cfg.model.methods)
+    _check_chain(cfg, methods)
+    _known([m for m in cfg.transforms.passes if m != "*"], methods, "transforms.passes")
+    _known(list(cfg.compile.per_method), methods, "compile.per_method")
+    _check_names(cfg)
+    for name, m in cfg.model.methods.items():
+        _check_method(f"model.methods.{name}", m)
+    _check_compile(cfg, methods)
+    for where, target in _targets(cfg, "cfg"):
+        where = f"{where.removeprefix('cfg.')}._target_"
+        slot = next((s for pattern, s in _SLOTS.items() if re.fullmatch(pattern, where)), None)
+        if slot is None:
+            raise ConfigError(f"{where} = {target!r}: only model, partitioners and transforms entries name code")
+        locate(str(target), slot, where) if resolve_code else check_prefix(str(target), where)
+
+
+def _check_chain(cfg: DictConfig, methods: list[str]) -> None:
     chain = list(cfg.partitioners.chain)
     if not chain or chain[0].name != "tensorrt" or chain[0].get("_target_"):
         first = chain[0].name if chain else "nothing"
@@ -24,22 +51,60 @@ def validate(cfg: DictConfig) -> None:
         if not entry.get("_target_"):
             raise ConfigError(f"partitioners.chain[{i}] ({entry.name!r}) needs a _target_ naming its partitioner class")
         _known(entry.get("methods") or [], methods, f"partitioners.chain[{i}].methods")
-    _known([m for m in cfg.transforms.passes if m != "*"], methods, "transforms.passes")
-    _known(list(cfg.compile.per_method), methods, "compile.per_method")
-    for name, m in cfg.model.methods.items():
-        for index, dims in m.dynamic.items():
-            if int(index) >= len(m.inputs):
-                raise ConfigError(f"model.methods.{name}.dynamic names input {index}, but the method has {len(m.inputs)} inputs")
-            for dim, dim_name in dims.items():
-                if dim_name not in m.dims:
-                    raise ConfigError(f"model.methods.{name}.dynamic[{index}][{dim}] = {dim_name!r} is not in its dims {list(m.dims)}")
-    allowed = tuple(cfg.allowed_target_prefixes)
-    for where, target in _targets(cfg, "cfg"):
-        if not str(target).startswith(allowed):
-            raise ConfigError(
-                f"{where}._target_ = {target!r} is outside the allowed module prefixes {list(allowed)}; "
-                "add its prefix to allowed_target_prefixes if you trust that code"
-            )
+
+
+def _check_names(cfg: DictConfig) -> None:
+    """Names that become file and directory names: plain names, never paths."""
+    for key, value in (("model.name", cfg.model.name), ("serialize.output_name", cfg.serialize.get("output_name"))):
+        if value is not None and not _NAME.fullmatch(str(value)):
+            raise ConfigError(f"{key} = {value!r} is not a plain file name; use letters, digits, '_', '-' and '.' "
+                              "(no paths), starting with a letter or digit")
+
+
+def _check_method(where: str, m: DictConfig) -> None:
+    from pipeline.config.objects import DTYPES
+
+    if not m.inputs:
+        raise ConfigError(f"{where}.inputs is empty; a method takes at least one input")
+    for dim_name, dim in m.dims.items():
+        if not 0 <= dim.min <= dim.max:
+            raise ConfigError(f"{where}.dims.{dim_name} = {{min: {dim.min}, max: {dim.max}}}; needs 0 <= min <= max")
+    for i, item in enumerate(m.inputs):
+        if item.dtype not in DTYPES:
+            raise ConfigError(f"{where}.inputs[{i}].dtype = {item.dtype!r} is not supported; use one of {list(DTYPES)}")
+        if any(size < 0 for size in item.shape):
+            raise ConfigError(f"{where}.inputs[{i}].shape = {list(item.shape)} has a negative size")
+        if item.dtype not in ("float32", "float16", "bfloat16") and not item.low < item.high:
+            raise ConfigError(f"{where}.inputs[{i}]: low = {item.low} must be below high = {item.high}")
+    _check_dynamic(where, m)
+
+
+def _check_dynamic(where: str, m: DictConfig) -> None:
+    for index, dims in m.dynamic.items():
+        if not 0 <= int(index) < len(m.inputs):
+            raise ConfigError(f"{where}.dynamic names input {index}, but the method has {len(m.inputs)} inputs")
+        shape = list(m.inputs[int(index)].shape)
+        for dim, dim_name in dims.items():
+            if dim_name not in m.dims:
+                raise ConfigError(f"{where}.dynamic[{index}][{dim}] = {dim_name!r} is not in its dims {list(m.dims)}")
+            if not 0 <= int(dim) < len(shape):
+                raise ConfigError(f"{where}.dynamic[{index}] names dim {dim}, but input {index} has shape {shape}")
+            lo, hi = m.dims[dim_name].min, m.dims[dim_name].max
+            if not lo <= shape[int(dim)] <= hi:
+                raise ConfigError(f"{where}.inputs[{index}].shape[{dim}] = {shape[int(dim)]} lies outside its dim "
+                                  f"{dim_name!r} range {lo}..{hi}; make the example size fit the range")
+
+
+def _check_compile(cfg: DictConfig, methods: list[str]) -> None:
+    from pipeline.config.objects import compile_spec
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    for method in methods:
+        try:
+            compile_spec(plain, method)  # type: ignore[arg-type]
+        except (CompileSpecError, TypeError) as exc:
+            where = f"compile.per_method.{method}" if method in cfg.compile.per_method else "compile"
+            raise ConfigError(f"{where}: {exc}") from exc
 
 
 def _known(keys: list[str], methods: list[str], where: str) -> None:

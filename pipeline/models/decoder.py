@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pipeline.models.registry import model_factory
+
 
 class Block(torch.nn.Module):
     """Pre-norm attention + MLP block that takes and returns its keys and values."""
@@ -85,6 +87,7 @@ class MethodView(torch.nn.Module):
         return getattr(self.module, self.method)(*args)
 
 
+@model_factory
 def tiny_decoder(seed: int = 0, vocab: int = 256, dim: int = 64, heads: int = 4, layers: int = 2) -> TinyDecoder:
     """A `TinyDecoder` with weights from `seed`, in eval mode."""
     torch.manual_seed(seed)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.models.registry import model_factory
+
 
 class MLP(torch.nn.Module):
     """Linear -> GELU -> Linear -> GELU -> Linear, with a residual around the middle layer."""
@@ -20,6 +22,7 @@ class MLP(torch.nn.Module):
         return self.out(h)
 
 
+@model_factory
 def mlp(seed: int = 0, in_features: int = 64, hidden: int = 128, out_features: int = 10) -> MLP:
     """An `MLP` with weights from `seed`, in eval mode."""
     torch.manual_seed(seed)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torchvision
 
+from pipeline.models.registry import model_factory
+
 
 def _calibrated(model: torch.nn.Module, seed: int, image_size: int) -> torch.nn.Module:
     gen = torch.Generator().manual_seed(seed)
@@ -27,12 +29,14 @@ def _calibrated(model: torch.nn.Module, seed: int, image_size: int) -> torch.nn.
     return model.eval()
 
 
+@model_factory
 def mobilenet_v3_small(seed: int = 0, num_classes: int = 1000, image_size: int = 224) -> torch.nn.Module:
     """MobileNetV3-Small, random weights from `seed`, calibrated batch norm, eval mode."""
     torch.manual_seed(seed)
     return _calibrated(torchvision.models.mobilenet_v3_small(num_classes=num_classes), seed, image_size)
 
 
+@model_factory
 def resnet18(seed: int = 0, num_classes: int = 1000, image_size: int = 224) -> torch.nn.Module:
     """ResNet-18, random weights from `seed`, calibrated batch norm, eval mode."""
     torch.manual_seed(seed)

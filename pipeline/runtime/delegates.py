@@ -46,9 +46,12 @@ def make_delegate(backend: str, payload: bytes, args: list[int], options: Runtim
             f"this program has a {backend} delegate, which pipeline.runtime cannot execute; run it with "
             "ExecuTorch's runtime (executorch.runtime), or lower without that backend"
         )
-    if not torch.cuda.is_available() or not available():
+    if not torch.cuda.is_available():
+        raise RuntimeUnavailableError("this program has TensorRT delegates, which run on a CUDA GPU; this machine has none "
+                                      "visible to PyTorch (run it on a GPU machine)")
+    if not available():
         raise RuntimeUnavailableError(
-            "this program has TensorRT delegates, which need a CUDA GPU and TensorRT (`pip install -e '.[tensorrt]'` "
-            "or '.[tensorrt-rtx]'); none is available here"
+            "this program has TensorRT delegates, which need TensorRT (`pip install -e '.[tensorrt]'` or "
+            "'.[tensorrt-rtx]'); neither tensorrt nor tensorrt_rtx imports here"
         )
     return TensorRTDelegate(payload, args, options, stream)

@@ -17,11 +17,14 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import RuntimeUnavailableError
-from pipeline.pte import load_program
+from pipeline import record
+from pipeline.errors import InputError, RuntimeUnavailableError
+from pipeline.pte import read
+from pipeline.record import Record
 from pipeline.runtime.delegates import TensorRTDelegate, make_delegate
 from pipeline.runtime.kernels import resolve
 from pipeline.runtime.values import dtype_of, materialise
+from pipeline.tensor_spec import TensorSpec
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.engine_runner import RuntimeOptions
 
@@ -50,6 +53,9 @@ class Method:
         # and its engines write the method's outputs into new tensors handed to the caller as they are.
         self._bind_inputs = kinds <= {"DelegateCall", "FreeCall"}
         self._planned_inputs = {i: self._values[i] for i in plan.inputs if isinstance(self._values[i], torch.Tensor)}
+        self._capacity = {i: t.numel() for i, t in self._planned_inputs.items()}  # planned for the largest shape
+        self._specs = program.input_specs(plan)
+        self._checked: list[Any] = [None] * len(self._specs)  # (dtype, shape) last found in bounds
         self._bound: dict[int, int] = {}  # input index -> address its engines last read it from
         self._graph = program.options.cuda_graph
         handed = {i for i in plan.outputs if i not in plan.inputs} if self._bind_inputs else set()
@@ -105,8 +111,7 @@ class Method:
         graphs, they fall back to planned memory). Calling from inside `torch.cuda.stream(method.stream)`
         saves the two cross-stream event waits.
         """
-        if len(inputs) != len(self._plan.inputs):
-            raise ValueError(f"method {self.name!r} takes {len(self._plan.inputs)} inputs, got {len(inputs)}")
+        self._check(inputs)
         values = self._values  # planned tensors alias arena memory, as in ExecuTorch: one run at a time
         start = time.perf_counter()
         caller = self._program.enter()
@@ -129,6 +134,19 @@ class Method:
             self._program.synchronize()
             self.first_run_seconds = time.perf_counter() - start
         return outs
+
+    def _check(self, inputs: Sequence[Any]) -> None:
+        """Every input against the program's plan (count, dtype, each dim in its built range): an input
+        the program was not built for is refused, never stretched or cast to fit."""
+        if len(inputs) != len(self._specs):
+            raise InputError(f"method {self.name!r} takes {len(self._specs)} inputs, got {len(inputs)}")
+        for i, (spec, value) in enumerate(zip(self._specs, inputs)):
+            if spec is None:
+                continue
+            seen = (value.dtype, value.shape) if isinstance(value, torch.Tensor) else None
+            if seen is None or self._checked[i] != seen:
+                spec.check(f"method {self.name!r} input {i}", value)
+                self._checked[i] = seen
 
     def _is_new(self, index: int, out: Any) -> bool:
         """Whether output value `index` came back in a new tensor an engine wrote (not planned memory)."""
@@ -159,7 +177,8 @@ class Method:
             if slot is None or not isinstance(value, torch.Tensor) or self._binds(index, value, slot):
                 values[index] = value
             else:
-                if slot.shape != value.shape:
+                if slot.shape != value.shape:  # within the plan: `_check` bounds every dim by it
+                    assert value.numel() <= self._capacity[index], "input outgrew its planned memory"
                     slot.resize_(value.shape)
                 slot.copy_(value, non_blocking=True)
                 values[index] = slot
@@ -172,9 +191,11 @@ class Method:
 class Program:
     """A loaded `.pte` program."""
 
-    def __init__(self, raw: Any, external: dict[str, bytes], options: RuntimeOptions, device: str | None) -> None:
+    def __init__(self, raw: Any, external: dict[str, bytes], options: RuntimeOptions, device: str | None,
+                 record: Record | None = None) -> None:
         self.raw = raw
         self.external = external
+        self.record = record
         self.options = options
         uses_trt = any(d.id == blob.BACKEND_ID for p in raw.execution_plan for d in p.delegates)
         wanted = device or ("cuda" if uses_trt and torch.cuda.is_available() else "cpu")
@@ -186,12 +207,31 @@ class Program:
 
     @property
     def method_names(self) -> list[str]:
-        return [p.name for p in self.raw.execution_plan]
+        return [p.name for p in self.raw.execution_plan if p.name != record.METHOD]
+
+    def input_specs(self, plan: Any) -> list[TensorSpec | None]:
+        """What each input of `plan` may be: the program record's bounds, or for programs without
+        one, the planned sizes (dynamic dims up to their planned bound)."""
+        if self.record is not None and plan.name in self.record.inputs:
+            specs = list(self.record.inputs[plan.name])
+            if len(specs) == len(plan.inputs):
+                return specs
+        out: list[TensorSpec | None] = []
+        for index in plan.inputs:
+            val = plan.values[index].val
+            if type(val).__name__ != "Tensor":
+                out.append(None)
+                continue
+            sizes = tuple(int(d) for d in val.sizes)
+            dynamic = int(getattr(val.shape_dynamism, "value", val.shape_dynamism)) != 0
+            dtype = str(dtype_of(val.scalar_type)).removeprefix("torch.")
+            out.append(TensorSpec(dtype, tuple(0 for _ in sizes) if dynamic else sizes, sizes))
+        return out
 
     def method(self, name: str) -> Method:
         """A method by name, loaded (engines deserialized) on first use."""
         if name not in self._methods:
-            plans = {p.name: p for p in self.raw.execution_plan}
+            plans = {p.name: p for p in self.raw.execution_plan if p.name != record.METHOD}
             if name not in plans:
                 raise KeyError(f"program has no method {name!r}; it has {self.method_names}")
             self._methods[name] = Method(self, plans[name])
@@ -226,14 +266,12 @@ class Program:
 
 
 def load(pte: str | Path, ptd: str | Path | None = None, options: RuntimeOptions | None = None,
-         device: str | None = None) -> Program:
-    """Load a program; `ptd` supplies externally stored tensors."""
-    return Program(load_program(pte), _read_ptd(ptd) if ptd else {}, options or RuntimeOptions(), device)
+         device: str | None = None, verify: bool = True) -> Program:
+    """Load a program; `ptd` supplies externally stored tensors. Both files are checked first
+    (`pipeline.pte.read`): a damaged file, or a `.ptd` from another build, is refused.
 
-
-def _read_ptd(path: str | Path) -> dict[str, bytes]:
-    from executorch.exir._serialize._cord import Cord
-    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
-
-    payload = FlatTensorSerializer().deserialize(Cord(Path(path).read_bytes()))
-    return {key: bytes(payload.buffers[entry.buffer_index]) for key, entry in payload.named_data.items()}
+    Raises:
+        ArtifactError: a file is malformed or not the program's own.
+    """
+    file = read(pte, ptd, verify)
+    return Program(file.program, file.external, options or RuntimeOptions(), device, file.record)

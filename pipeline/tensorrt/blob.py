@@ -10,22 +10,28 @@ Layout (compatible with Torch-TensorRT's ExecuTorch integration), all little-end
                eng_size     u64  engine length in bytes
                reserved     8s   first byte 1, the rest 0
     then       compact UTF-8 JSON metadata, keys in this order: io_bindings [{name, dtype, shape,
-               is_input}] (inputs in delegate-argument order, then outputs), aliased_io [{output,
-               input, kind}], hardware_compatible, device_id, serialized_metadata, target_platform
+               is_input[, min, max]}] (inputs in delegate-argument order, then outputs), aliased_io
+               [{output, input, kind}], hardware_compatible, device_id, serialized_metadata,
+               target_platform, engine_sha256
     then       zero padding to eng_offset, then the serialized engine.
 
 Unlike upstream, every binding carries its dtype (torch name without "torch.", e.g. "float32") and
-shape (a list whose dynamic dims are -1). Backend id: "TensorRTBackend".
+shape (a list whose dynamic dims are -1); an input with dynamic dims also carries `min` and `max`
+(its optimization-profile bounds, which the runtime checks), and `engine_sha256` (hex SHA-256 of
+the engine bytes) is required: `decode` refuses an engine that does not match it. The binding
+encoding below is also the engine op's (`engine_op.py`). Backend id: "TensorRTBackend".
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import BlobFormatError
+from pipeline.tensor_spec import TensorSpec
 
 BACKEND_ID = "TensorRTBackend"
 MAGIC = b"TR01"
@@ -43,6 +49,26 @@ class IOBinding:
     dtype: str
     shape: tuple[int, ...]
     is_input: bool
+    min_shape: tuple[int, ...] = ()  # dynamic inputs: the profile's bounds; () for static bindings
+    max_shape: tuple[int, ...] = ()
+
+    @property
+    def spec(self) -> TensorSpec:
+        """What the engine accepts at this binding (dynamic dims without bounds: any size)."""
+        low = self.min_shape or tuple(0 if d < 0 else d for d in self.shape)
+        high = self.max_shape or tuple(2**31 - 1 if d < 0 else d for d in self.shape)
+        return TensorSpec(self.dtype, low, high)
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "is_input": self.is_input}
+        if self.min_shape:
+            doc.update(min=list(self.min_shape), max=list(self.max_shape))
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> IOBinding:
+        return cls(str(doc["name"]), str(doc["dtype"]), tuple(int(d) for d in doc["shape"]), bool(doc["is_input"]),
+                   tuple(int(d) for d in doc.get("min", ())), tuple(int(d) for d in doc.get("max", ())))
 
 
 @dataclass(frozen=True)
@@ -69,14 +95,13 @@ class BlobMetadata:
 def encode(engine: bytes, meta: BlobMetadata) -> bytes:
     """Pack an engine and its metadata into a delegate blob."""
     doc = {
-        "io_bindings": [
-            {"name": b.name, "dtype": b.dtype, "shape": list(b.shape), "is_input": b.is_input} for b in meta.io_bindings
-        ],
+        "io_bindings": [b.to_json() for b in meta.io_bindings],
         "aliased_io": [dict(a) for a in meta.aliased_io],
         "hardware_compatible": meta.hardware_compatible,
         "device_id": meta.device_id,
         "serialized_metadata": meta.serialized_metadata,
         "target_platform": meta.target_platform,
+        "engine_sha256": hashlib.sha256(engine).hexdigest(),
     }
     js = json.dumps(doc, separators=(",", ":")).encode()
     meta_offset = HEADER.size
@@ -98,10 +123,7 @@ def decode(blob: bytes) -> tuple[BlobMetadata, bytes]:
     meta_offset, meta_size, eng_offset, eng_size = read_header(blob)
     try:
         doc = json.loads(bytes(blob[meta_offset : meta_offset + meta_size]).decode())
-        bindings = tuple(
-            IOBinding(str(b["name"]), str(b["dtype"]), tuple(int(d) for d in b["shape"]), bool(b["is_input"]))
-            for b in doc["io_bindings"]
-        )
+        bindings = tuple(IOBinding.from_json(b) for b in doc["io_bindings"])
         meta = BlobMetadata(
             io_bindings=bindings,
             aliased_io=tuple(doc.get("aliased_io", ())),
@@ -110,9 +132,13 @@ def decode(blob: bytes) -> tuple[BlobMetadata, bytes]:
             serialized_metadata=str(doc.get("serialized_metadata", "")),
             target_platform=str(doc.get("target_platform", "")),
         )
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        digest = str(doc["engine_sha256"])
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BlobFormatError(f"TensorRT blob metadata is not the expected JSON ({type(exc).__name__}: {exc})") from exc
-    return meta, bytes(blob[eng_offset : eng_offset + eng_size])
+    engine = bytes(blob[eng_offset : eng_offset + eng_size])
+    if hashlib.sha256(engine).hexdigest() != digest:
+        raise BlobFormatError("TensorRT engine does not match its checksum (corrupt or altered); rebuild the program")
+    return meta, engine
 
 
 def read_header(blob: bytes) -> tuple[int, int, int, int]:

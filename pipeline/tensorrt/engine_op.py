@@ -24,8 +24,7 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 
 def encode_metadata(meta: BlobMetadata, out_shapes: list[list[int | str]], build: dict[str, Any] | None = None) -> str:
     """The op's metadata string (`build`: statistics of the engine build, for lowering reports)."""
-    bindings = [{"name": b.name, "dtype": b.dtype, "shape": list(b.shape), "is_input": b.is_input} for b in meta.io_bindings]
-    doc = {"io_bindings": bindings, "out_shapes": out_shapes, "build": build or {}}
+    doc = {"io_bindings": [b.to_json() for b in meta.io_bindings], "out_shapes": out_shapes, "build": build or {}}
     return json.dumps(doc, separators=(",", ":"))
 
 
@@ -38,7 +37,7 @@ def build_info(text: str) -> dict[str, Any]:
 def decode_metadata(text: str) -> tuple[BlobMetadata, list[list[int | str]]]:
     """Inverse of `encode_metadata`."""
     doc = json.loads(text)
-    bindings = tuple(IOBinding(b["name"], b["dtype"], tuple(b["shape"]), b["is_input"]) for b in doc["io_bindings"])
+    bindings = tuple(IOBinding.from_json(b) for b in doc["io_bindings"])
     return BlobMetadata(io_bindings=bindings), doc["out_shapes"]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import RuntimeUnavailableError
+from pipeline.errors import InputError, RuntimeUnavailableError
 from pipeline.tensorrt.blob import IOBinding
 from pipeline.tensorrt.network import dtype_from_name
 from pipeline.tensorrt.trt_api import flavour, trt
@@ -101,18 +101,8 @@ class EngineRunner:
         `execute_async_v3` call.
         """
         if len(args) != len(self.inputs):
-            raise ValueError(f"engine takes {len(self.inputs)} inputs, got {len(args)}")
-        keep = []
-        shapes_changed = False
-        for binding, dtype, tensor in zip(self.inputs, self._in_dtypes, args):
-            x = tensor if (tensor.is_cuda and tensor.dtype == dtype and tensor.is_contiguous()) else (
-                tensor.to(device="cuda", dtype=dtype).contiguous())
-            keep.append(x)
-            if self._shapes.get(binding.name) != x.shape:
-                self.context.set_input_shape(binding.name, tuple(x.shape))
-                self._shapes[binding.name] = x.shape
-                shapes_changed = True
-            self._bind(binding.name, x.data_ptr())
+            raise InputError(f"engine takes {len(self.inputs)} inputs, got {len(args)}")
+        keep, shapes_changed = self._bind_inputs(args)
         if shapes_changed or self._out_shapes is None:
             self._out_shapes = [tuple(self.context.get_tensor_shape(b.name)) for b in self.outputs]
         outs = []
@@ -133,6 +123,24 @@ class EngineRunner:
         if not self.context.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeUnavailableError("TensorRT failed to execute the engine (see the TensorRT log)")
         return outs
+
+    def _bind_inputs(self, args: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], bool]:
+        """Check and bind the inputs; returns the tensors bound (kept alive) and whether a shape changed."""
+        keep = []
+        shapes_changed = False
+        for binding, dtype, tensor in zip(self.inputs, self._in_dtypes, args):
+            if self._shapes.get(binding.name) != tensor.shape or tensor.dtype != dtype:
+                binding.spec.check(f"engine input {binding.name!r}", tensor)  # before TensorRT sees it
+            x = tensor if (tensor.is_cuda and tensor.is_contiguous()) else tensor.to(device="cuda").contiguous()
+            keep.append(x)
+            if self._shapes.get(binding.name) != x.shape:
+                if not self.context.set_input_shape(binding.name, tuple(x.shape)):
+                    raise InputError(f"engine input {binding.name!r} has shape {list(x.shape)}, which the engine's "
+                                     "optimization profile does not take")
+                self._shapes[binding.name] = x.shape
+                shapes_changed = True
+            self._bind(binding.name, x.data_ptr())
+        return keep, shapes_changed
 
     def _bind(self, name: str, address: int) -> None:
         if self._addresses.get(name) != address:

@@ -103,7 +103,8 @@ def _placeholder(ctx: ConversionContext, node: torch.fx.Node, sources: dict[str,
     shape = tuple(-1 if lo != hi else lo for lo, _, hi in ranges)
     opts = tuple(lo if opt is None else opt for lo, opt, _ in ranges)
     tensor = ctx.network.add_input(node.name, torch_to_trt(val.dtype), shape)
-    bindings.append(IOBinding(node.name, _dtype_name(val.dtype), shape, True))
+    bounds = (tuple(r[0] for r in ranges), tuple(r[2] for r in ranges)) if -1 in shape else ((), ())
+    bindings.append(IOBinding(node.name, _dtype_name(val.dtype), shape, True, *bounds))
     if -1 in shape:
         profile[node.name] = (tuple(r[0] for r in ranges), opts, tuple(r[2] for r in ranges))
     return ctx.cast(tensor, ctx.compute(val.dtype))

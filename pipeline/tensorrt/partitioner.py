@@ -58,6 +58,8 @@ class TensorRTPartitioner(Partitioner):
         """
         from executorch.exir.tracer import _default_decomposition_table
 
+        if not self.claim_ops:  # it claims engine calls only: keeping ops whole would strand them
+            return [], None
         keep = preserved_ops(_default_decomposition_table())
 
         def accept(node: torch.fx.Node) -> bool:

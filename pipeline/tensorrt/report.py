@@ -1,5 +1,6 @@
 """The lowering report of a program: per method, the nodes TensorRT claimed, the nodes left over
-with the reason each was refused, and every delegate (engines with bytes and build seconds)."""
+with the reason each was refused, and every delegate (engines with bytes and, when built while
+lowering, build seconds)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def engine_entry(module: LoweredBackendModule) -> dict[str, Any]:
         info = module.meta.get("_delegate_info_meta") or {}
         entry.update(
             engine_bytes=len(engine),
-            build_seconds=round(float(info.get("build_seconds", float("nan"))), 4),
+            build_seconds=None if info.get("build_seconds") is None else round(float(info["build_seconds"]), 4),
             num_layers=info.get("num_layers"),
             inputs=[{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in meta.inputs],
             outputs=[{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in meta.outputs],
@@ -59,7 +60,8 @@ def method_report(program: ExportedProgram, record: PartitionRecord | None) -> d
         "other_delegates": [e for e in entries if e["backend"] != blob.BACKEND_ID],
         "num_engines": len(trt_entries),
         "engine_bytes": sum(e["engine_bytes"] for e in trt_entries),
-        "build_seconds": round(sum(e["build_seconds"] for e in trt_entries), 4),
+        # Known for engines built while lowering; engines built by the compile step log theirs.
+        "build_seconds": round(sum(e["build_seconds"] or 0.0 for e in trt_entries), 4),
         "engines": trt_entries,
     }
 

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from pipeline.config import objects
 from pipeline.config.compose import compose
-from pipeline.errors import RuntimeUnavailableError
+from pipeline.errors import ArtifactError, InputError, RuntimeUnavailableError
+from pipeline.export import write_program
 from pipeline.runtime import load
 from pipeline.steps import run_all
 from pipeline.tensorrt.engine_runner import RuntimeOptions
@@ -37,7 +38,7 @@ def test_equals_executorch_runtime_on_cpu(model: str, method: str, tmp_path: Pat
     inputs = objects.example_inputs(spec, 0)
     ep = torch.export.export(module, inputs, dynamic_shapes=objects.dynamic_shapes(spec, spec["function"]))
     path = tmp_path / "p.pte"
-    path.write_bytes(to_edge_transform_and_lower(ep).to_executorch().buffer)
+    write_program(to_edge_transform_and_lower(ep), path)  # with the pipeline's record, which ExecuTorch loads too
     from executorch.runtime import Runtime  # ExecuTorch's own runtime: CPU only, absent on the GPU machine
 
     ours = load(path).method("forward").execute(list(inputs))
@@ -55,7 +56,7 @@ def test_lists_methods_and_io(tmp_path: Path) -> None:
     program = load(files["pte"])
     assert set(program.method_names) == {"prefill", "decode"}
     if not GPU:
-        with pytest.raises(RuntimeUnavailableError, match="need a CUDA GPU and TensorRT"):
+        with pytest.raises(RuntimeUnavailableError, match="run on a CUDA GPU; this machine has none"):
             program.method("prefill")
 
 
@@ -64,22 +65,18 @@ def test_refuses_other_delegates(tmp_path: Path) -> None:
 
     ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
     path = tmp_path / "x.pte"
-    path.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+    write_program(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]), path)
     with pytest.raises(RuntimeUnavailableError, match="XnnpackBackend delegate.*executorch.runtime"):
         load(path).method("forward")
 
 
 def test_reads_external_tensor_data(tmp_path: Path) -> None:
     ep = torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),))
-    from executorch.exir import ExecutorchBackendConfig
-
-    program = to_edge_transform_and_lower(ep).to_executorch(ExecutorchBackendConfig(external_constants=True))
-    (tmp_path / "p.pte").write_bytes(program.buffer)
-    program.write_tensor_data_to_file(str(tmp_path))
-    (ptd,) = tmp_path.glob("*.ptd")
+    files = write_program(to_edge_transform_and_lower(ep), tmp_path / "p.pte", external_data=True)
+    ptd = files["ptd"]
     x = torch.randn(2, 4)
-    with pytest.raises(RuntimeUnavailableError, match="lives in a .ptd file"):
-        load(tmp_path / "p.pte").method("forward")
+    with pytest.raises(ArtifactError, match="keeps its tensor data in a .ptd file"):
+        load(tmp_path / "p.pte")
     out = load(tmp_path / "p.pte", ptd).method("forward").execute([x])[0]
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
@@ -97,7 +94,7 @@ def test_engine_only_methods_read_inputs_in_place_while_their_address_holds(tmp_
             return x
 
     path = tmp_path / "id.pte"
-    path.write_bytes(to_edge_transform_and_lower(torch.export.export(Identity(), (torch.randn(2, 4),))).to_executorch().buffer)
+    write_program(to_edge_transform_and_lower(torch.export.export(Identity(), (torch.randn(2, 4),))), path)
     x, y = torch.randn(2, 4), torch.randn(2, 4)
 
     def read_from(method: Any, t: torch.Tensor) -> int:
@@ -112,8 +109,8 @@ def test_engine_only_methods_read_inputs_in_place_while_their_address_holds(tmp_
     assert read_from(graph, x.double().float()) == planned  # a new buffer: still the planned copy
     plain = load(path).method("forward")
     assert [read_from(plain, t) for t in (x, y, x)] == [x.data_ptr(), y.data_ptr(), x.data_ptr()]
-    converted = plain.execute([x.double()], copy_outputs=False)[0]  # another dtype: copied, converted
-    assert converted.dtype == torch.float32 and torch.equal(converted, x)
+    with pytest.raises(InputError, match="dtype float64"):  # another dtype: refused, never cast
+        plain.execute([x.double()], copy_outputs=False)
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------

@@ -1,0 +1,121 @@
+"""Writing outputs: every file and directory appears complete or not at all, gets the usual modes
+(umask applies), and a failed write names its path. Temporary names carry the writer's pid, so a
+later writer removes what a killed one left behind and nothing of a live one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import OutputError
+
+
+def umask() -> int:
+    """The process umask (read without changing it for longer than the call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name}.tmp-{os.getpid()}-"
+
+
+def _stale(entry: Path, name: str) -> bool:
+    """Whether `entry` is a temporary of `name` whose writer is gone."""
+    marker = f".{name}.tmp-"
+    if not entry.name.startswith(marker):
+        return entry.name.startswith(f".{name}.") and "tmp" not in entry.name  # older unnamed temporaries
+    pid = entry.name[len(marker):].split("-", 1)[0]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_stale_temporaries(target: Path) -> list[Path]:
+    """Remove temporaries of `target` left by writers that no longer run; return what went."""
+    removed: list[Path] = []
+    if not target.parent.is_dir():
+        return removed
+    for entry in target.parent.iterdir():
+        if entry.name.startswith(f".{target.name}.") and _stale(entry, target.name):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Turn an OSError raised while writing `path` into an `OutputError` that names it."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc} (free space or fix permissions, then run again)") \
+            from exc
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """A temporary directory that replaces `path` only when the block succeeds."""
+    target = Path(path)
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=_temp_prefix(target)))
+    try:
+        with writing(target):
+            yield tmp
+            fix_modes(tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write `data` to `path` atomically, with the umask's mode."""
+    target = Path(path)
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o666 & ~umask())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return target
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write JSON atomically (sorted keys: equal data, equal bytes)."""
+    return write_bytes(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def fix_modes(root: Path) -> None:
+    """Give a tree written under temporary names the modes its files would have had (umask applies)."""
+    mask = umask()
+    os.chmod(root, 0o777 & ~mask)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o777 & ~mask)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o666 & ~mask)

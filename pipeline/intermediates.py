@@ -1,0 +1,156 @@
+"""Stage intermediates, written and read here only: one `.pt2` per method after compile (torch's
+export archive) and one `.edge` per method after export and transform (ExecuTorch's serde). Reading
+never runs code: an archive that asks for unpickling is refused before torch reads it, and every
+`torch.load` inside runs weights-only."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager
+from torch.export import ExportedProgram
+
+from pipeline.errors import ArtifactError
+
+# Archive members torch's loader unpickles (torchbind and opaque constants), by name prefix.
+_PICKLED = ("custom_obj_", "opaque_obj_")
+
+
+def save_exported(program: ExportedProgram, path: Path) -> None:
+    """Save a compiled method's `.pt2`, byte for byte the same for the same program (so DVC's
+    run-cache can restore every stage after it)."""
+    _strip_provenance(program)
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    path.write_bytes(_fixed_serialization_id(buffer.getvalue()))
+
+
+def load_exported(path: str | Path) -> ExportedProgram:
+    """A compiled method's `.pt2`, refusing archives whose payloads need pickle.
+
+    Raises:
+        ArtifactError: the file is not a readable export archive, or asks for unpickling.
+    """
+    _check_archive(Path(path))
+    try:
+        with _weights_only():
+            return torch.export.load(path)
+    except Exception as exc:  # torch's loader raises many kinds on damaged archives
+        raise ArtifactError(f"{path} cannot be loaded as an exported program ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}); run the compile stage again") from exc
+
+
+def save_edge(manager: EdgeProgramManager, methods: list[str], out_dir: Path) -> None:
+    from executorch.exir.serde.serialize import save
+
+    for m in methods:
+        program = manager.exported_program(m)
+        _strip_provenance(program)
+        buffer = io.BytesIO()
+        save(program, buffer)
+        (out_dir / f"{m}.edge").write_bytes(_fixed_zip_times(buffer.getvalue()))
+
+
+def load_edge(methods: list[str], in_dir: str | Path) -> EdgeProgramManager:
+    """The `.edge` programs of `methods` as one manager (ExecuTorch's loader reads weights-only)."""
+    from executorch.exir.serde.serialize import load
+
+    import pipeline.tensorrt.backend  # noqa: F401  (delegates deserialize by backend id)
+
+    programs = {}
+    for m in methods:
+        path = Path(in_dir) / f"{m}.edge"
+        try:
+            with _weights_only():
+                programs[m] = load(str(path))
+        except Exception as exc:
+            raise ArtifactError(f"{path} cannot be loaded as an Edge program ({type(exc).__name__}); run the "
+                                "stage that writes it again") from exc
+    return EdgeProgramManager(programs, compile_config=EdgeCompileConfig(_check_ir_validity=False))
+
+
+def _strip_provenance(program: ExportedProgram) -> None:
+    """Drop torch's node provenance (`from_node`), which records Python object ids that differ run to run."""
+    for module in program.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                node.meta.pop("from_node", None)
+        original = getattr(module, "original_module", None)
+        if isinstance(original, ExportedProgram) and original is not program:
+            _strip_provenance(original)
+
+
+def _fixed_serialization_id(data: bytes) -> bytes:
+    """torch's archive writer ends `.data/serialization_id` with 20 random digits; make them zeros
+    (in place, fixing the entry's CRC in its local and central headers, alignment untouched)."""
+    out = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        info = next((i for i in archive.infolist() if i.filename.endswith(".data/serialization_id")), None)
+        if info is None or info.compress_type != zipfile.ZIP_STORED:
+            return data
+        value = archive.read(info)
+    fixed = value[:20] + b"0" * (len(value) - 20)
+    local = info.header_offset
+    name_len, extra_len = struct.unpack_from("<HH", out, local + 26)
+    start = local + 30 + name_len + extra_len
+    out[start : start + len(value)] = fixed
+    crc = struct.pack("<I", zlib.crc32(fixed))
+    out[local + 14 : local + 18] = crc
+    central = out.find(b"PK\x01\x02" + data[local + 4 : local + 6], 0)
+    while central != -1:
+        if struct.unpack_from("<I", out, central + 42)[0] == local:
+            out[central + 16 : central + 20] = crc
+            break
+        central = out.find(b"PK\x01\x02", central + 4)
+    return bytes(out)
+
+
+def _fixed_zip_times(data: bytes) -> bytes:
+    """The same zip with every entry dated 1980-01-01 (Python's zip writer stamps the current time)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            fixed = zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0))
+            fixed.compress_type, fixed.external_attr = info.compress_type, info.external_attr
+            dst.writestr(fixed, src.read(info))
+    return out.getvalue()
+
+
+def _check_archive(path: Path) -> None:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            for name in names:
+                if name.endswith("_config.json") and "/data/" in name:
+                    for fqn, meta in json.loads(archive.read(name)).get("config", {}).items():
+                        if meta.get("use_pickle") or str(meta.get("path_name", "")).startswith(_PICKLED):
+                            raise ArtifactError(f"{path} stores {fqn!r} as a pickle, which the pipeline never "
+                                                "unpickles; rebuild it with the compile stage")
+    except (zipfile.BadZipFile, OSError, ValueError, AttributeError, KeyError) as exc:
+        if isinstance(exc, ArtifactError):
+            raise
+        raise ArtifactError(f"{path} is not a readable export archive ({type(exc).__name__}: {exc}); "
+                            "run the compile stage again") from exc
+
+
+@contextmanager
+def _weights_only() -> Iterator[None]:
+    """Make every `torch.load` in the block weights-only, whatever its caller asks for."""
+    saved = {k: os.environ.pop(k, None) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value

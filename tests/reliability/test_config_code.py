@@ -1,0 +1,116 @@
+"""Configs name code only in the slots that take code, only of the kind each slot expects, and only
+from trusted modules that no override or composed config can widen."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from pipeline.cli import check_arguments
+from pipeline.config import objects
+from pipeline.config.compose import compose, read_params, write_params
+from pipeline.config.targets import ENV
+from pipeline.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+XNNPACK = "executorch.backends.xnnpack.partition.xnnpack_partitioner.XnnpackPartitioner"
+
+
+def _chain(target: str) -> str:
+    return f"partitioners.chain=[{{name: tensorrt}}, {{name: x, _target_: {target}}}]"
+
+
+@pytest.mark.parametrize("args", [
+    ["allowed_target_prefixes=[pipeline.,os.]"],
+    ["++allowed_target_prefixes=[os.]"],
+    ["+hydra.callbacks.x._target_=os.getpid"],
+    ["hydra.callbacks=null"],
+    ["hydra.launcher._target_=os.system"],
+    ["+hydra.job_logging.handlers.x.class=os.system"],
+    ["--config-dir=/tmp"],
+    ["-cd", "/tmp"],
+    ["--experimental-rerun", "/tmp/config.pickle"],
+])
+def test_arguments_that_name_code_are_refused(args: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        check_arguments(args)
+
+
+def test_allowlist_override_never_runs_code(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "allowed_target_prefixes=[pipeline.,os.]",
+         _chain("os.system"), f"+partitioners.chain.1.kwargs.command='touch {marker}'", f"hydra.run.dir={tmp_path}/run"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not marker.exists() and not (tmp_path / "run").exists()
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and "allowed_target_prefixes" in result.stderr
+
+
+def test_composed_params_cannot_widen_the_trusted_modules(tmp_path: Path) -> None:
+    cfg = OmegaConf.to_container(compose([]), resolve=True)
+    cfg["allowed_target_prefixes"] = ["pipeline.", "os."]  # a hand-edited params.yaml
+    cfg["partitioners"]["chain"].append({"name": "x", "_target_": "os.system", "kwargs": {}, "methods": None})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=r"'os.system' is outside the trusted modules"):
+        read_params(tmp_path / "params.yaml")
+
+
+@pytest.mark.parametrize("override, message", [
+    (_chain("pipeline.files.write_json"), r"partitioners.chain\[1\]._target_ = 'pipeline.files.write_json' is a function, but this slot takes an ExecuTorch Partitioner class"),
+    (_chain("pipeline.steps.run_all"), "is a function, but this slot takes an ExecuTorch Partitioner"),
+    ("++transforms.passes={forward: [{_target_: pipeline.models.mlp.MLP}]}", "is a class MLP, but this slot takes a graph pass class"),
+    ("++transforms.passes={forward: [{_target_: " + XNNPACK + "}]}", "this slot takes a graph pass class"),
+    ("model._target_=pipeline.steps.manifest", "is a function, but this slot takes an nn.Module class or a registered model factory"),
+    ("model._target_=pipeline.transforms.RemoveDeadCode", "this slot takes an nn.Module class"),
+    ("model._target_=os.system", "outside the trusted modules"),
+    ("+model.kwargs.inner={_target_: pipeline.files.write_json}", "only model, partitioners and transforms entries name code"),
+])
+def test_each_slot_takes_only_its_kind(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        compose([override])
+
+
+def test_trusted_modules_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "mymodels.py").write_text("import torch\nclass Tiny(torch.nn.Linear):\n"
+                                          "    def __init__(self):\n        super().__init__(64, 3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="outside the trusted modules"):
+        compose(["model._target_=mymodels.Tiny"])
+    monkeypatch.setenv(ENV, "mymodels")
+    cfg = OmegaConf.to_container(compose(["model._target_=mymodels.Tiny"]), resolve=True)
+    assert objects.model(cfg).out_features == 3
+
+
+def test_torchvision_builders_take_a_seed_and_never_download() -> None:
+    cfg = OmegaConf.to_container(compose(["model._target_=torchvision.models.resnet18", "+model.kwargs.num_classes=7"]),
+                                 resolve=True)
+    first, second = objects.model(cfg), objects.model(cfg)
+    assert first.fc.out_features == 7 and bool((first.fc.weight == second.fc.weight).all())
+    cfg["model"]["kwargs"]["weights"] = "DEFAULT"
+    with pytest.raises(ConfigError, match="would be downloaded"):
+        objects.model(cfg)
+
+
+@pytest.mark.parametrize("function", ["load_state_dict", "_apply", "__reduce__", "state_dict", "nothing_here"])
+def test_method_functions_are_the_models_own_public_methods(function: str) -> None:
+    cfg = OmegaConf.to_container(compose(["model=tiny_decoder"]), resolve=True)
+    with pytest.raises(ConfigError, match="is not a public method of TinyDecoder"):
+        objects.method_module(objects.model(cfg), {"function": function})
+
+
+def test_write_params_is_not_reached_by_a_bad_config(tmp_path: Path) -> None:
+    write_params(compose([]), tmp_path / "params.yaml")
+    before = (tmp_path / "params.yaml").read_bytes()
+    result = subprocess.run([sys.executable, "-m", "pipeline.config.compose", _chain("pipeline.files.write_json")],
+                            cwd=tmp_path, capture_output=True, text=True, env=_env())
+    assert result.returncode == 2 and (tmp_path / "params.yaml").read_bytes() == before
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: partitioners.chain[1]._target_")
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -1,0 +1,100 @@
+"""Nothing the pipeline reads runs code: a stage intermediate that asks for unpickling is refused
+before torch reads it, and every torch.load inside runs weights-only."""
+
+import io
+import json
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.compile import compile_method
+from pipeline.errors import ArtifactError
+from pipeline.intermediates import load_edge, load_exported, save_exported
+from tests.reliability.conftest import linear
+
+
+class Payload:
+    """Unpickling this writes the marker file: proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def pt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pt2") / "forward.pt2"
+    save_exported(compile_method(linear(0), (torch.randn(2, 8),)), path)
+    return path
+
+
+def _rewrite(src: Path, dst: Path, change: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, change.get(info.filename, zin.read(info)))
+    return dst
+
+
+def test_intermediate_loads_back(pt2: Path) -> None:
+    program = load_exported(pt2)
+    assert any("execute_engine" in str(n.target) for n in program.graph.nodes)
+
+
+def test_weights_flagged_as_pickle_are_refused_before_loading(pt2: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    with zipfile.ZipFile(pt2) as z:
+        config_name = next(n for n in z.namelist() if n.endswith("weights_config.json"))
+        config = json.loads(z.read(config_name))
+        weight = next(iter(config["config"].values()))
+    for meta in config["config"].values():
+        meta["use_pickle"] = True
+    evil = _rewrite(pt2, tmp_path / "evil.pt2", {
+        config_name: json.dumps(config).encode(),
+        f"{config_name.split('/')[0]}/data/weights/{weight['path_name']}": pickle.dumps(Payload(marker)),
+    })
+    with pytest.raises(ArtifactError, match="as a pickle, which the pipeline never unpickles"):
+        load_exported(evil)
+    assert not marker.exists()
+
+
+def test_pickled_sample_inputs_do_not_run(pt2: Path, tmp_path: Path) -> None:
+    # torch's loader falls back to weights_only=False when a weights-only load of these fails.
+    marker = tmp_path / "ran"
+    buffer = io.BytesIO()
+    torch.save({"x": Payload(marker)}, buffer)
+    with zipfile.ZipFile(pt2) as z:
+        name = next(n for n in z.namelist() if "sample_inputs" in n)
+    evil = _rewrite(pt2, tmp_path / "evil.pt2", {name: buffer.getvalue()})
+    with pytest.raises(ArtifactError):
+        load_exported(evil)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("data", [b"", b"PK\x03\x04 truncated", b"not a zip at all"])
+def test_damaged_intermediates_are_one_error(tmp_path: Path, data: bytes) -> None:
+    (tmp_path / "forward.pt2").write_bytes(data)
+    with pytest.raises(ArtifactError, match="forward.pt2"):
+        load_exported(tmp_path / "forward.pt2")
+    (tmp_path / "forward.edge").write_bytes(data)
+    with pytest.raises(ArtifactError, match="forward.edge"):
+        load_edge(["forward"], tmp_path)
+
+
+def test_edge_loader_is_weights_only(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    buffer = io.BytesIO()
+    torch.save({"w": Payload(marker)}, buffer)
+    with zipfile.ZipFile(tmp_path / "forward.edge", "w") as z:
+        z.writestr("version", "0.1")
+        z.writestr("serialized_exported_program.json", b"{}")
+        for name in ("serialized_state_dict.pt", "serialized_constants.pt", "serialized_example_inputs.pt"):
+            z.writestr(name, buffer.getvalue())
+    with pytest.raises(ArtifactError):
+        load_edge(["forward"], tmp_path)
+    assert not marker.exists()

@@ -1,0 +1,95 @@
+"""A run's outputs are its own: a Hydra run never writes into a directory that holds another run's
+files, outputs appear complete or not at all, and an interrupted run leaves nothing that looks
+current (the next run into its directory removes what it left)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import RunDirError
+from pipeline.run_dir import CLAIM, claim, complete, staged
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_claimed_directory_refuses_a_second_run(tmp_path: Path) -> None:
+    marker = claim(tmp_path / "run")
+    with pytest.raises(RunDirError, match=f"is being written by another run \\(pid {os.getpid()}\\)"):
+        claim(tmp_path / "run")
+    complete(marker)
+    with pytest.raises(RunDirError, match="holds the outputs of an earlier run"):
+        claim(tmp_path / "run")
+
+
+def test_directory_with_foreign_files_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="already holds files that are not this run's"):
+        claim(tmp_path / "run")
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+
+
+def test_interrupted_run_is_cleared_by_the_next(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / CLAIM).write_text(json.dumps({"pid": _dead_pid(), "complete": False}))
+    (run / ".pipeline-tmp-1-x").mkdir()
+    (run / ".pipeline-tmp-1-x" / "compiled").mkdir()
+    (run / "__main__.log").write_text("old")
+    claim(run)
+    assert sorted(p.name for p in run.iterdir()) == [CLAIM]
+
+
+def test_staged_outputs_appear_only_on_success(tmp_path: Path) -> None:
+    with pytest.raises(KeyboardInterrupt), staged(tmp_path) as tmp:
+        (tmp / "program").mkdir()
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    with staged(tmp_path) as tmp:
+        (tmp / "program").mkdir()
+    assert [p.name for p in tmp_path.iterdir()] == ["program"]
+
+
+def _pipeline(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_two_runs_into_one_directory(tmp_path: Path) -> None:
+    first = _pipeline(f"hydra.run.dir={tmp_path}/run")
+    assert first.returncode == 0, first.stderr
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
+    second = _pipeline(f"hydra.run.dir={tmp_path}/run", "model=resnet18")
+    assert second.returncode == 2 and "holds the outputs of an earlier run" in second.stderr
+    assert second.stderr.strip().count("\n") == 0
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")} == before
+    assert json.loads((tmp_path / "run" / "params.json").read_text())["model"]["name"] == "mlp"
+
+
+@pytest.mark.slow
+def test_sigint_leaves_nothing_that_looks_current(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, "-m", "pipeline", f"hydra.run.dir={run}"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(run.glob(".pipeline-tmp-*/compiled")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    child.wait(timeout=60)
+    assert not (run / "program").exists() and not (run / "params.json").exists()
+    assert not json.loads((run / CLAIM).read_text())["complete"]
+    again = _pipeline(f"hydra.run.dir={run}")
+    assert again.returncode == 0, again.stderr
+    assert (run / "program" / "mlp.pte").exists() and not list(run.glob(".pipeline-tmp-*"))
