@@ -24,7 +24,22 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 def instantiate(entry: Mapping[str, Any], slot: str, where: str) -> Any:
     """Call `entry["_target_"]`, checked to be of `slot`'s kind, with `entry["kwargs"]`."""
-    return locate(str(entry["_target_"]), slot, where)(**dict(entry.get("kwargs") or {}))
+    return build(locate(str(entry["_target_"]), slot, where), dict(entry.get("kwargs") or {}), where)
+
+
+def build(factory: Any, kwargs: dict[str, Any], where: str) -> Any:
+    """`factory(**kwargs)`, after `check_kwargs`."""
+    check_kwargs(factory, kwargs, where)
+    return factory(**kwargs)
+
+
+def check_kwargs(factory: Any, kwargs: Mapping[str, Any], where: str) -> None:
+    """Raise `ConfigError` naming `where` unless `factory` takes exactly these keyword arguments."""
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{where} = {getattr(factory, '__qualname__', factory)!r} does not take the kwargs "
+                          f"{sorted(kwargs)}: {exc}") from exc
 
 
 def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
@@ -37,11 +52,11 @@ def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
         raise ConfigError("model.kwargs names pretrained torchvision weights, which would be downloaded; builds use "
                           "seeded random weights (leave weights null)")
     if "seed" in inspect.signature(factory).parameters:
-        built = factory(seed=seed, **kwargs)
+        built = build(factory, {"seed": seed, **kwargs}, "model._target_")
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            built = factory(**kwargs)
+            built = build(factory, kwargs, "model._target_")
     if not isinstance(built, torch.nn.Module):
         raise ConfigError(f"model._target_ = {cfg['model']['_target_']!r} returned a {type(built).__name__}, not an nn.Module")
     return built.eval()

@@ -6,6 +6,7 @@ what is allowed."""
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -32,12 +33,29 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
     for name, m in cfg.model.methods.items():
         _check_method(f"model.methods.{name}", m)
     _check_compile(cfg, methods)
-    for where, target in _targets(cfg, "cfg"):
+    slots = []
+    for where, entry in _targets(cfg, "cfg"):
         where = f"{where.removeprefix('cfg.')}._target_"
         slot = next((s for pattern, s in _SLOTS.items() if re.fullmatch(pattern, where)), None)
         if slot is None:
-            raise ConfigError(f"{where} = {target!r}: only model, partitioners and transforms entries name code")
-        locate(str(target), slot, where) if resolve_code else check_prefix(str(target), where)
+            raise ConfigError(f"{where} = {entry._target_!r}: only model, partitioners and transforms entries name code")
+        slots.append((where, entry, slot))
+    for where, entry, slot in slots:  # nothing is imported before every place is known to take code
+        if resolve_code:
+            _check_code(entry, slot, where)
+        else:
+            check_prefix(str(entry._target_), where)
+
+
+def _check_code(entry: DictConfig, slot: str, where: str) -> None:
+    """The target is trusted, of its slot's kind, and takes the entry's kwargs (the model also its seed)."""
+    from pipeline.config.objects import check_kwargs
+
+    target = locate(str(entry._target_), slot, where)
+    kwargs = dict(OmegaConf.to_container(entry.get("kwargs") or OmegaConf.create({}), resolve=True))  # type: ignore[arg-type]
+    if slot == "model" and "seed" in inspect.signature(target).parameters:
+        kwargs["seed"] = 0
+    check_kwargs(target, kwargs, where)
 
 
 def _check_chain(cfg: DictConfig, methods: list[str]) -> None:
@@ -117,7 +135,7 @@ def _targets(node: Any, where: str) -> Iterator[tuple[str, Any]]:
     if isinstance(node, DictConfig):
         for key, value in node.items():
             if key == "_target_" and value is not None:
-                yield where, value
+                yield where, node
             else:
                 yield from _targets(value, f"{where}.{key!s}")
     elif isinstance(node, ListConfig):

@@ -67,6 +67,8 @@ def test_composed_params_cannot_widen_the_trusted_modules(tmp_path: Path) -> Non
     ("model._target_=pipeline.transforms.RemoveDeadCode", "this slot takes an nn.Module class"),
     ("model._target_=os.system", "outside the trusted modules"),
     ("+model.kwargs.inner={_target_: pipeline.files.write_json}", "only model, partitioners and transforms entries name code"),
+    ("+model.kwargs.bogus=1", r"model._target_ = 'mlp' does not take the kwargs \['bogus', 'seed'\]"),
+    ("++transforms.passes={forward: [{_target_: pipeline.transforms.RemoveDeadCode, kwargs: {x: 1}}]}", "does not take the kwargs"),
 ])
 def test_each_slot_takes_only_its_kind(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -11,7 +11,7 @@ from pipeline import pte
 from pipeline.errors import InputError
 from pipeline.runtime import load
 from pipeline.tensorrt import blob
-from tests.helpers import GPU, gpu
+from tests.helpers import GPU
 from tests.reliability.conftest import linear
 
 
@@ -74,7 +74,7 @@ def test_engine_blobs_carry_their_profile_range(trt_files: dict[str, Path]) -> N
         binding.spec.check("engine input", torch.randn(17, 8))
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("batch", [17, 20, 32, 64])
 def test_tensorrt_method_refuses_batches_past_its_range_on_gpu(trt_files: dict[str, Path], batch: int) -> None:
     assert GPU
