@@ -29,11 +29,12 @@ log = logging.getLogger("pipeline")
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Build one config into the run directory."""
-    from pipeline.steps import run_all
+    out = Path(HydraConfig.get().runtime.output_dir)
+    log.info("building %s (%s) into %s", cfg.model.name, cfg.compile.precision, out)
+    from pipeline.steps import run_all  # torch and ExecuTorch load here, after the first line
 
     with reported():
         validate(cfg)
-        out = Path(HydraConfig.get().runtime.output_dir)
         container = OmegaConf.to_container(cfg, resolve=True)
         with staged(out) as tmp:
             files = run_all(container, tmp, validate=True)  # type: ignore[arg-type]

@@ -84,11 +84,10 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
         p.nodes = {n: p.nodes[n] for n in sorted(p.nodes, key=order.__getitem__)}
     partitions.sort(key=lambda p: min(order[n] for n in p.nodes))
     fused = partitioner.fuse_partitions(partitions)
-    count = 0
-    for node in list(fused.graph.nodes):
-        if node.op == "call_module" and node.target.startswith("fused_"):
-            _replace_with_engine(fused, node, ranges, spec, f"engine {count} of method {method!r}")
-            count += 1
+    calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
+    for count, node in enumerate(calls):  # the label is the progress line: "engine 3/12 of method ..."
+        _replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}")
+    count = len(calls)
     fused.graph.eliminate_dead_code()
     fused.delete_all_unused_submodules()
     fused.recompile()

@@ -131,6 +131,8 @@ class RunDirGuard(Callback):
         from pipeline.cli import reported
         from pipeline.config.validate import validate
 
+        # Hydra sets up logging only later, and checking the config imports torch (seconds): say so now.
+        print(f"pipeline: checking the config, then claiming the {mode} directory", flush=True)  # stdout, as Hydra logs
         with reported():
             if mode == "run":  # sweeps validate each job's config when it starts
                 validate(OmegaConf.masked_copy(config, [str(k) for k in config if k != "hydra"]))

@@ -1,8 +1,10 @@
 """The validate step: run each method of a built `.pte` with `pipeline.runtime` on fixed-seed inputs
-and compare with eager PyTorch; write `metrics.json` (errors, which runtime, file sizes)."""
+and compare with eager PyTorch (errors, which runtime, file sizes; median call time on a GPU)."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,8 +45,23 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
         abs_err = max(float((o.cpu().float() - r.float()).abs().max()) for o, r in zip(outs, refs))
         scale = max(float(r.float().abs().max()) for r in refs)
         methods[name] = {"runtime": f"pipeline.runtime ({program.device.type})", "max_abs_error": abs_err,
-                         "max_rel_error": abs_err / scale if scale else abs_err}
+                         "max_rel_error": abs_err / scale if scale else abs_err,
+                         "median_ms": _median_ms(program.method(name), list(inputs))}
     return {**metrics, "methods": methods}
+
+
+def _median_ms(method: Any, inputs: list[torch.Tensor], calls: int = 50) -> float | None:
+    """Median milliseconds of one call on the GPU (None on the CPU, where no number would mean much)."""
+    if method.stream is None:
+        return None
+    inputs = [x.to("cuda") for x in inputs]
+    times = []
+    for _ in range(calls + 10):
+        start = time.perf_counter()
+        method.execute(inputs)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(statistics.median(times[10:]))
 
 
 def _skipped(exc: Exception) -> dict[str, Any]:

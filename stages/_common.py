@@ -1,18 +1,23 @@
-"""Shared entry-point plumbing for stage scripts: logging, reading params.yaml, one-line errors."""
+"""Shared entry-point plumbing for stage scripts: logging, reading params.yaml, one-line errors.
+Stages import the library inside `main`, after `setup` has said what runs (torch takes seconds)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from pipeline.cli import reported
-from pipeline.config.compose import read_params
 
 
 def setup() -> dict[str, Any]:
-    """Configure progress logging and return the validated params."""
+    """Configure progress logging, say which stage starts, and return the validated params."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("pipeline").info("stage %s: starting", os.environ.get("DVC_STAGE") or os.path.basename(sys.argv[0]))
+    from pipeline.config.compose import read_params
+
     return read_params("params.yaml")
 
 

@@ -1,4 +1,4 @@
-"""DVC stage `compile`: one engine-bearing .pt2 per method."""
+"""DVC stage `compile`: one engine-bearing .pt2 per method, and the seconds it took (not cached)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,18 @@ import argparse
 
 from _common import run, setup
 
-from pipeline.steps import run_compile
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("toolchain", help="toolchain record (a dependency only)")
     parser.add_argument("out_dir")
+    parser.add_argument("timings")
     args = parser.parse_args()
-    run_compile(setup(), args.out_dir)
+    cfg = setup()
+    from pipeline.files import write_json
+    from pipeline.steps import run_compile
+
+    write_json(args.timings, run_compile(cfg, args.out_dir))
 
 
 if __name__ == "__main__":

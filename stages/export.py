@@ -6,8 +6,6 @@ import argparse
 
 from _common import run, setup
 
-from pipeline.steps import run_export
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -15,7 +13,10 @@ def main() -> None:
     parser.add_argument("out_dir")
     parser.add_argument("report")
     args = parser.parse_args()
-    run_export(setup(), args.compiled, args.out_dir, args.report)
+    cfg = setup()
+    from pipeline.steps import run_export
+
+    run_export(cfg, args.compiled, args.out_dir, args.report)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,6 @@ import argparse
 
 from _common import run, setup
 
-from pipeline.steps import run_serialize
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -15,7 +13,10 @@ def main() -> None:
     parser.add_argument("program_dir")
     parser.add_argument("manifest")
     args = parser.parse_args()
-    run_serialize(setup(), args.in_dir, args.program_dir, args.manifest)
+    cfg = setup()
+    from pipeline.steps import run_serialize
+
+    run_serialize(cfg, args.in_dir, args.program_dir, args.manifest)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,16 @@ import argparse
 
 from _common import run, setup
 
-from pipeline.steps import run_transform
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("in_dir")
     parser.add_argument("out_dir")
     args = parser.parse_args()
-    run_transform(setup(), args.in_dir, args.out_dir)
+    cfg = setup()
+    from pipeline.steps import run_transform
+
+    run_transform(cfg, args.in_dir, args.out_dir)
 
 
 if __name__ == "__main__":

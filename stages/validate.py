@@ -1,4 +1,5 @@
-"""DVC stage `validate`: run the .pte against eager PyTorch and write metrics.json."""
+"""DVC stage `validate`: run the .pte against eager PyTorch; write validation.json (details and
+reasons), metrics.json (flat numbers, tracked by git) and plots/build.json."""
 
 from __future__ import annotations
 
@@ -6,15 +7,17 @@ import argparse
 
 from _common import run, setup
 
-from pipeline.steps import run_validate
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("program_dir")
+    parser.add_argument("build_dir", help="holds program/, report.json and timings.json; gets validation.json")
     parser.add_argument("metrics")
+    parser.add_argument("plot")
     args = parser.parse_args()
-    run_validate(setup(), args.program_dir, args.metrics)
+    cfg = setup()
+    from pipeline.steps import run_validate
+
+    run_validate(cfg, args.build_dir, args.metrics, args.plot)
 
 
 if __name__ == "__main__":

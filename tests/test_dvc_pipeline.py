@@ -47,14 +47,20 @@ def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
     assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "compile", "export", "transform", "serialize",
                                                          "validate"]
     out = repo / "build" / "mlp"
-    assert "forward" in json.loads((out / "metrics.json").read_text())["methods"]
+    assert "forward" in json.loads((out / "validation.json").read_text())["methods"]
+    metrics = json.loads((repo / "metrics.json").read_text())
+    assert metrics["engines"] == 1 and metrics["outside"] == 0 and metrics["pte_mb"] > 0.01 and metrics["build_s"] > 0
     assert (out / "program" / "mlp.pte").stat().st_size > 10_000
     assert json.loads((out / "report.json").read_text())["forward"]["num_engines"] == 1
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["files"]["pte"]["sha256"] and manifest["toolchain"]["tensorrt_version"]
+    assert manifest["files"]["pte"]["sha256"] and manifest["toolchain"]["packages"]["executorch"] == "1.4.1"
 
-    # Nothing changed: only the always-run toolchain record is rewritten (identically).
+    # Nothing changed: only the always-run toolchain record is rewritten (identically), also once
+    # Python has written bytecode into pipeline/ (.dvcignore keeps caches out of the stage deps).
+    (repo / "pipeline" / "__pycache__").mkdir(exist_ok=True)
+    (repo / "pipeline" / "__pycache__" / "steps.cpython-311.pyc").write_bytes(b"changed")
     assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain"]
+    assert "plots/build.json" in _run(["dvc", "plots", "show", "--json"], repo)
 
     # A transform change reruns transform; serialize (and validate) follow only when its output
     # changes, and this pass leaves the mlp's programs byte for byte as they were.
@@ -68,16 +74,14 @@ def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
                                                          "validate"]
     assert json.loads((out / "manifest.json").read_text())["config"]["compile"]["precision"] == "fp16"
 
-    # A changed toolchain record reruns compile (and what follows); the same record again does not.
-    changed = _stages_run(_run(["dvc", "repro"], repo, PIPELINE_TOOLCHAIN_EXTRA="driver-2"))
-    assert changed[:2] == ["toolchain", "compile"]
-    assert _stages_run(_run(["dvc", "repro"], repo, PIPELINE_TOOLCHAIN_EXTRA="driver-2")) == ["toolchain"]
+    # (A changed toolchain record, and the run-cache bringing back every stage when it changes back:
+    # tests/reliability/test_run_cache.py.)
 
     # Every file of the program directory is an output like the .pte: cached, and restored by checkout
     # (the mlp's weights all live in its engine, so external data writes no .ptd here).
     _run([sys.executable, "-m", "pipeline.config.compose", "transforms=dead_code", "compile.precision=fp16",
           "serialize=external", "serialize.etrecord=true"], repo)
-    assert "serialize" in _stages_run(_run(["dvc", "repro"], repo, PIPELINE_TOOLCHAIN_EXTRA="driver-2"))
+    assert "serialize" in _stages_run(_run(["dvc", "repro"], repo))
     program = {p.name: p.read_bytes() for p in (out / "program").iterdir()}
     assert set(program) == {"mlp.pte", "mlp_etrecord.bin"}
     shutil.rmtree(out / "program")
@@ -85,14 +89,33 @@ def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
     assert {p.name: p.read_bytes() for p in (out / "program").iterdir()} == program
 
 
-def test_exp_run_applies_overrides(repo: Path) -> None:
-    _run([sys.executable, "-m", "pipeline.config.compose"], repo)
+def _commit(repo: Path, message: str) -> None:
     _run(["git", "add", "-A"], repo)
-    _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "defaults", "--allow-empty"], repo)
+    _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message, "--allow-empty"], repo)
+
+
+def test_exp_run_applies_overrides_and_carries_metrics(repo: Path) -> None:
+    _run([sys.executable, "-m", "pipeline.config.compose"], repo)
+    _commit(repo, "last build")  # metrics.json and plots/ are tracked, like dvc.lock
     _run(["dvc", "exp", "run", "-S", "compile.optimization_level=1"], repo)
     manifest = json.loads((repo / "build" / "mlp" / "manifest.json").read_text())
     assert manifest["config"]["compile"]["optimization_level"] == 1
-    assert "optimization_level" in _run(["dvc", "exp", "show", "--no-pager", "--md"], repo)
+    rows = json.loads(subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, capture_output=True, text=True).stdout)
+    experiments = [rev for row in rows for exp in (row.get("experiments") or []) for rev in exp.get("revs", [])]
+    metrics = [e["data"]["metrics"]["metrics.json"]["data"] for e in experiments]
+    assert metrics and all(m["engines"] == 1 and m["build_s"] > 0 for m in metrics)
+    assert "build_s" in _run(["dvc", "metrics", "diff"], repo)
+    table = _run(["dvc", "exp", "show", "--no-pager", "--only-changed", "--drop", "build/.*"], repo, COLUMNS="120")
+    assert "optimization_level" in table and max(map(len, table.splitlines())) <= 120
+
+
+def test_exp_run_never_drops_composed_overrides(repo: Path) -> None:
+    _run([sys.executable, "-m", "pipeline.config.compose", "compile.precision=fp16"], repo)
+    result = subprocess.run(["dvc", "exp", "run", "-S", "compile.optimization_level=2"], cwd=repo, capture_output=True,
+                            text=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    assert result.returncode != 0 and "dropping what `python -m pipeline.config.compose compile.precision=fp16` set" \
+        in result.stdout + result.stderr
+    assert "Running stage 'compile'" not in result.stdout  # refused at the first stage, before any build
 
 
 def test_hydra_multirun_sweep(tmp_path: Path) -> None:

@@ -3,10 +3,14 @@
     python -m pipeline.config.compose [OVERRIDE ...]      # e.g. compile.precision=fp16 model=resnet18
 
 DVC never composes on `dvc repro`; run this, then `dvc repro` rebuilds only what changed.
+`dvc exp run` composes by itself from conf/ and its -S overrides; an experiment that would drop
+overrides given here refuses at its first stage (`check_experiment`) and says how to keep them.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,9 +24,11 @@ from pipeline.cli import check_arguments, check_yaml, reported
 from pipeline.config.schema import register_configs
 from pipeline.config.validate import validate
 from pipeline.errors import ConfigError
-from pipeline.files import write_bytes
+from pipeline.files import write_bytes, write_json
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# What `main` composed last (relative to the project root, where DVC runs stages).
+COMPOSED = Path("build") / "composed.json"
 
 
 def compose(overrides: Sequence[str] = (), conf_dir: str | Path | None = None) -> DictConfig:
@@ -60,12 +66,52 @@ def read_params(path: str | Path = "params.yaml") -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Compose with the command-line overrides and write params.yaml."""
+    """Compose with the command-line overrides and write params.yaml (and what was composed, so an
+    experiment that would drop these overrides refuses: `check_experiment`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     with reported():  # one line for any bad value, and nothing written
         check_arguments(args)
         out = write_params(compose(args))
+        write_json(COMPOSED, {"overrides": args})
     print(f"wrote {out} ({' '.join(args) or 'defaults'})")
+
+
+def check_experiment(params: str | Path = "params.yaml") -> None:
+    """Inside `dvc exp run` (which composes params.yaml from conf/ and its own -S overrides), refuse
+    when the overrides last given to `compose` are not all in params.yaml.
+
+    Raises:
+        ConfigError: naming the dropped overrides and the command that keeps them.
+    """
+    if not os.environ.get("DVC_EXP_NAME") or not COMPOSED.exists():
+        return
+    overrides = list(json.loads(COMPOSED.read_text()).get("overrides") or [])
+    if not overrides:
+        return
+    wanted = OmegaConf.to_container(compose(overrides), resolve=True)
+    base = OmegaConf.to_container(compose([]), resolve=True)
+    current = OmegaConf.to_container(OmegaConf.load(params), resolve=True)
+    dropped = [key for key, value in _changes(base, wanted) if _get(current, key) != value]
+    if dropped:
+        keep = " ".join(f"-S '{o}'" for o in overrides)
+        raise ConfigError(
+            f"dvc exp run composed params.yaml from conf/ and its -S overrides only, dropping what `python -m "
+            f"pipeline.config.compose {' '.join(overrides)}` set ({', '.join(dropped[:4])}); run `dvc exp run {keep} "
+            "[-S ...]`, or `python -m pipeline.config.compose` (defaults) first to experiment from the defaults"
+        )
+
+
+def _changes(base: Any, new: Any, key: str = "") -> list[tuple[str, Any]]:
+    if isinstance(base, dict) and isinstance(new, dict):
+        return [c for k in sorted(set(base) | set(new), key=str)
+                for c in _changes(base.get(k), new.get(k), f"{key}.{k}" if key else str(k))]
+    return [] if base == new else [(key, new)]
+
+
+def _get(data: Any, key: str) -> Any:
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
 
 
 if __name__ == "__main__":

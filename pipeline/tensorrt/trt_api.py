@@ -14,7 +14,8 @@ from types import ModuleType
 from pipeline.errors import TensorRTUnavailableError
 
 # Order matters: a datacenter install wins over the RTX flavour. PIPELINE_TRT_MODULE pins one.
-_CANDIDATES = ("tensorrt", "tensorrt_rtx")
+CANDIDATES = ("tensorrt", "tensorrt_rtx")
+PIN_ENV = "PIPELINE_TRT_MODULE"
 INSTALL_HINT = (
     "install one of them: `pip install -e '.[tensorrt]'` (TensorRT, datacenter GPUs) or "
     "`pip install -e '.[tensorrt-rtx]'` (TensorRT-RTX, builds engines without a GPU)"
@@ -40,8 +41,8 @@ def trt() -> ModuleType:
     Raises:
         TensorRTUnavailableError: neither module imports; the message names both install commands.
     """
-    pinned = os.environ.get("PIPELINE_TRT_MODULE")
-    candidates = (pinned,) if pinned else _CANDIDATES
+    pinned = os.environ.get(PIN_ENV)
+    candidates = (pinned,) if pinned else CANDIDATES
     failures = []
     for name in candidates:
         try:

@@ -2,13 +2,15 @@
 fail before any build with a clear message; params.yaml is the composition of the defaults."""
 
 
+from pathlib import Path
+
 import pytest
 import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from pipeline.config import objects
-from pipeline.config.compose import CONF_DIR, compose
+from pipeline.config.compose import CONF_DIR, check_experiment, compose, main, write_params
 from pipeline.errors import ConfigError
 
 GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in
@@ -62,3 +64,17 @@ def test_bad_configs_fail_at_composition(overrides: list[str], error: type, mess
 def test_bad_compile_values_fail_at_composition() -> None:
     with pytest.raises(ConfigError, match="compile: precision='int4' is not supported"):
         compose(["compile.precision=int4"])
+
+
+def test_experiments_keep_composed_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    main(["compile.precision=fp16"])
+    check_experiment()  # not inside `dvc exp run`: nothing to check
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-1")
+    write_params(compose(["compile.precision=fp16", "compile.optimization_level=2"]))  # what `-S` both gave
+    check_experiment()
+    write_params(compose(["compile.optimization_level=2"]))  # what `dvc exp run -S` alone composes
+    with pytest.raises(ConfigError, match=r"dropping what .* set \(compile.precision\); run `dvc exp run -S 'compile.precision=fp16'"):
+        check_experiment()
+    main([])
+    check_experiment()  # composed defaults: nothing to keep

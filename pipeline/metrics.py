@@ -1,0 +1,42 @@
+"""The build's metrics, as DVC shows them: one flat record of short numeric names per build
+(`metrics.json`, tracked by git so experiments carry it) and one row for the plots (`plots/build.json`).
+Reasons and per-method detail stay in `validation.json` and `report.json`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+_MB = 1 << 20
+
+
+def summary(cfg: Mapping[str, Any], program_dir: Path, report: Mapping[str, Any], timings: Mapping[str, Any],
+            validation: Mapping[str, Any]) -> dict[str, float | int]:
+    """Sizes, engines, ops outside TensorRT, build seconds; errors and latency where a GPU measured them.
+
+    Keys: pte_mb, ptd_mb, engines, engine_mb, outside (ops left to other backends or kernels),
+    build_s (compile step), rel_err (worst method), ms or <method>_ms (median call, GPU only).
+    """
+    files = {p.suffix: p.stat().st_size for p in program_dir.iterdir()}
+    out: dict[str, float | int] = {
+        "pte_mb": round(files.get(".pte", 0) / _MB, 3),
+        "ptd_mb": round(files.get(".ptd", 0) / _MB, 3),
+        "engines": sum(int(m["num_engines"]) for m in report.values()),
+        "engine_mb": round(sum(int(m["engine_bytes"]) for m in report.values()) / _MB, 3),
+        "outside": sum(len(m["left_over"]) for m in report.values()),
+        "build_s": round(float(timings.get("total", 0.0)), 2),
+    }
+    methods = validation.get("methods", {})
+    errors = [m["max_rel_error"] for m in methods.values() if m.get("max_rel_error") is not None]
+    if errors:
+        out["rel_err"] = float(f"{max(errors):.3g}")
+    for name, m in methods.items():
+        if m.get("median_ms") is not None:
+            out["ms" if len(methods) == 1 else f"{name}_ms"] = round(float(m["median_ms"]), 4)
+    return out
+
+
+def plot_row(cfg: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The plots' data: one row naming the build (model/precision) with its metrics."""
+    return [{"build": f"{cfg['model']['name']}/{cfg['compile']['precision']}", **metrics}]

@@ -1,0 +1,43 @@
+"""The toolchain record: what engines depend on besides the config (TensorRT flavour and package
+versions, target compute capabilities, torch, torchvision, executorch, `$PIPELINE_TOOLCHAIN_EXTRA`).
+Read from package metadata alone, without importing torch or TensorRT, so the DVC stage that
+writes it on every `dvc repro` takes a fraction of a second."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.tensorrt.trt_api import CANDIDATES, PIN_ENV
+
+_PACKAGES = ("torch", "torchvision", "executorch")
+
+
+def record(target_compute_capabilities: Sequence[str] = ()) -> dict[str, Any]:
+    """The record; equal records mean equal engines for equal configs."""
+    versions = {}
+    for dist in importlib.metadata.distributions():
+        name = str(dist.metadata["Name"] or "").lower().replace("-", "_")
+        if name.startswith("tensorrt") or name in _PACKAGES:
+            versions[name] = dist.version
+    out: dict[str, Any] = {
+        "tensorrt_module": _tensorrt_module(),
+        "packages": dict(sorted(versions.items())),
+        "target_compute_capabilities": list(target_compute_capabilities),
+    }
+    extra = os.environ.get("PIPELINE_TOOLCHAIN_EXTRA")
+    if extra:  # what the record cannot see itself, e.g. a container image or driver tag
+        out["extra"] = extra
+    return out
+
+
+def _tensorrt_module() -> str | None:
+    """The module `trt_api.trt()` would import (found, not imported)."""
+    pinned = os.environ.get(PIN_ENV)
+    for name in (pinned,) if pinned else CANDIDATES:
+        if importlib.util.find_spec(name) is not None:
+            return name
+    return None
