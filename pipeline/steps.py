@@ -41,8 +41,8 @@ def run_compile(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, float]
                     method,
                 )
                 save_exported(program, tmp / f"{method}.pt2")
-            timings[method] = seconds()
-    timings["total"] = time.perf_counter() - start
+            timings[method] = round(seconds(), 2)
+    timings["total"] = round(time.perf_counter() - start, 2)
     return timings
 
 
@@ -109,10 +109,11 @@ def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path]) -> dict[str, Any
     }
 
 
-def run_validate(cfg: Mapping[str, Any], build_dir: str | Path, metrics: str | Path, plot: str | Path) -> dict[str, Any]:
+def run_validate(cfg: Mapping[str, Any], build_dir: str | Path, timings: str | Path, metrics: str | Path,
+                 plot: str | Path) -> dict[str, Any]:
     """Run the built program (in `<build_dir>/program`) against eager PyTorch; write the details
     (`<build_dir>/validation.json`, reasons included), the flat `metrics` and the `plot` row, from
-    `report.json` and `timings.json` beside it."""
+    `<build_dir>/report.json` and the compile step's `timings`."""
     import json
 
     from pipeline.metrics import plot_row, summary
@@ -125,8 +126,8 @@ def run_validate(cfg: Mapping[str, Any], build_dir: str | Path, metrics: str | P
     with step("validate"):
         details = validate_program(cfg, pte, ptd if ptd.exists() else None)
     write_json(build / "validation.json", details)
-    report, timings = (json.loads((build / f).read_text()) for f in ("report.json", "timings.json"))
-    result = summary(cfg, build / "program", report, timings, details)
+    report = json.loads((build / "report.json").read_text())
+    result = summary(cfg, build / "program", report, json.loads(Path(timings).read_text()), details)
     write_json(metrics, result)
     write_json(plot, plot_row(cfg, result))
     return result
@@ -140,7 +141,7 @@ def run_all(cfg: Mapping[str, Any], build_dir: str | Path, validate: bool = Fals
     run_transform(cfg, build / "exported", build / "transformed")
     files = run_serialize(cfg, build / "transformed", build / "program", build / "manifest.json")
     if validate:
-        run_validate(cfg, build, build / "metrics.json", build / "plot.json")
+        run_validate(cfg, build, build / "timings.json", build / "metrics.json", build / "plot.json")
         files["metrics"] = build / "metrics.json"
     return files
 

@@ -10,14 +10,15 @@ from _common import run, setup
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("build_dir", help="holds program/, report.json and timings.json; gets validation.json")
+    parser.add_argument("build_dir", help="holds program/ and report.json; gets validation.json")
+    parser.add_argument("timings")
     parser.add_argument("metrics")
     parser.add_argument("plot")
     args = parser.parse_args()
     cfg = setup()
     from pipeline.steps import run_validate
 
-    run_validate(cfg, args.build_dir, args.metrics, args.plot)
+    run_validate(cfg, args.build_dir, args.timings, args.metrics, args.plot)
 
 
 if __name__ == "__main__":
