@@ -22,7 +22,7 @@ def _run(module: str, *args: str, cwd: Path = ROOT, **env: str) -> subprocess.Co
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
-@pytest.mark.parametrize("override, message", [
+BAD_VALUES = [
     ("compile.precision=fp64", "compile: precision='fp64' is not supported; use one of ['fp32', 'fp16', 'bf16']"),
     ("compile.optimization_level=9", "compile: optimization_level=9 is outside 0..5"),
     ("compile.min_block_size=0", "compile: min_block_size=0 must be an integer >= 1"),
@@ -30,11 +30,22 @@ def _run(module: str, *args: str, cwd: Path = ROOT, **env: str) -> subprocess.Co
     ("model.methods.forward.dims.batch.max=2", "model.methods.forward.inputs[0].shape[0] = 4 lies outside its dim 'batch' range 1..2"),
     ("model.name=../../etc", "model.name = '../../etc' is not a plain file name"),
     ("+serialize.output_name=/tmp/x", "serialize.output_name = '/tmp/x' is not a plain file name"),
-])
+]
+
+
+@pytest.mark.parametrize("override, message", BAD_VALUES)
+def test_bad_values_fail_composition(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        compose([override])
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("override, message", BAD_VALUES[::3])
 def test_compose_refuses_bad_values_in_one_line(tmp_path: Path, override: str, message: str) -> None:
     result = _run("pipeline.config.compose", override, cwd=tmp_path)
     assert result.returncode == 2 and not (tmp_path / "params.yaml").exists()
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "PIPELINE_DEBUG=1" in result.stderr
 
 
 @pytest.mark.parametrize("override", ["compile.precision=fp64", "compile.optimization_level=9"])
@@ -55,7 +66,5 @@ def test_malformed_yaml_names_file_line_and_column(tmp_path: Path) -> None:
 
 
 def test_debug_switch_shows_the_traceback(tmp_path: Path) -> None:
-    quiet = _run("pipeline.config.compose", "compile.precision=fp64", cwd=tmp_path)
     loud = _run("pipeline.config.compose", "compile.precision=fp64", cwd=tmp_path, PIPELINE_DEBUG="1")
-    assert "Traceback" not in quiet.stderr and "PIPELINE_DEBUG=1" in quiet.stderr
     assert loud.returncode != 0 and "Traceback" in loud.stderr and "ConfigError" in loud.stderr
