@@ -24,7 +24,7 @@ from torch.export import ExportedProgram
 
 from pipeline import record
 from pipeline.errors import ExportError
-from pipeline.files import fix_modes, remove_stale_temporaries, writing
+from pipeline.files import fix_modes, remove_stale_temporaries, temp_prefix, writing
 from pipeline.tensorrt.compile_spec import METHOD_KEY, TensorRTCompileSpec
 from pipeline.tensorrt.partitioner import TensorRTPartitioner
 from pipeline.tensorrt.report import lowering_report
@@ -115,7 +115,7 @@ def write_program(manager: EdgeProgramManager, path: str | os.PathLike[str], *, 
     with writing(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(target)
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.tmp-{os.getpid()}-") as tmp:
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=temp_prefix(target)) as tmp:
             ptd = _tensor_data(program, Path(tmp))
             (Path(tmp) / "program.pte").write_bytes(record.seal(program.buffer, record.sha256(ptd.read_bytes()) if ptd else None))
             if etrecord:

@@ -23,7 +23,8 @@ def umask() -> int:
     return mask
 
 
-def _temp_prefix(target: Path) -> str:
+def temp_prefix(target: Path) -> str:
+    """The name prefix of this process's temporaries for `target` (`remove_stale_temporaries` reads it)."""
     return f".{target.name}.tmp-{os.getpid()}-"
 
 
@@ -75,7 +76,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     with writing(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(target)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=_temp_prefix(target)))
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=temp_prefix(target)))
     try:
         with writing(target):
             yield tmp
@@ -93,7 +94,7 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     with writing(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(target)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target))
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target))
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

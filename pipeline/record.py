@@ -55,7 +55,7 @@ def seal(pte: bytes, ptd_sha256: str | None) -> bytes:
     return bytes(data)
 
 
-def verify(pte: bytes | memoryview, where: str, program_size: int | None = None) -> Record | None:
+def verify(pte: bytes, where: str, program_size: int | None = None) -> Record | None:
     """The record of `pte`, after checking the file's digest against it; None when it has none.
 
     Raises:
@@ -65,14 +65,14 @@ def verify(pte: bytes | memoryview, where: str, program_size: int | None = None)
         start = _find(pte, where, program_size)
     except LookupError:
         return None
-    size = int.from_bytes(bytes(pte[start - 4 : start]), "little")  # flatbuffer strings are length-prefixed
+    size = int.from_bytes(pte[start - 4 : start], "little")  # flatbuffer strings are length-prefixed
     if size < _PTE_AT + _DIGEST or start + size > len(pte):
         raise ArtifactError(f"{where}: its program record is cut off (truncated or corrupt file); rebuild it")
-    if bytes(pte[start + _PTE_AT : start + _PTE_AT + _DIGEST]).decode("ascii", "replace") != _digest(pte, start):
+    if pte[start + _PTE_AT : start + _PTE_AT + _DIGEST].decode("ascii", "replace") != _digest(pte, start):
         raise ArtifactError(f"{where} is corrupt: its contents do not match the SHA-256 in its program record "
                             "(damaged copy or edited file); copy it again or rebuild it")
     try:
-        doc = json.loads(bytes(pte[start : start + size]).decode())
+        doc = json.loads(pte[start : start + size].decode())
         inputs = {str(m): tuple(None if s is None else TensorSpec.from_json(s) for s in specs)
                   for m, specs in doc["inputs"].items()}
         ptd = str(doc["ptd"])
@@ -81,21 +81,20 @@ def verify(pte: bytes | memoryview, where: str, program_size: int | None = None)
     return Record(inputs, None if ptd == _NO_PTD else ptd)
 
 
-def sha256(data: bytes | memoryview) -> str:
+def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _find(pte: bytes | bytearray | memoryview, where: str, end: int | None = None) -> int:
-    data = bytes(pte[:end]) if isinstance(pte, memoryview) else pte
-    start = data.find(PREFIX, 0, end)
+def _find(pte: bytes | bytearray, where: str, end: int | None = None) -> int:
+    start = pte.find(PREFIX, 0, end)
     if start < 4:
         raise LookupError(where)
-    if data.find(PREFIX, start + 1, end) != -1:
+    if pte.find(PREFIX, start + 1, end) != -1:
         raise ArtifactError(f"{where} holds more than one program record; rebuild it")
     return start
 
 
-def _digest(data: bytes | bytearray | memoryview, start: int) -> str:
+def _digest(data: bytes | bytearray, start: int) -> str:
     view = memoryview(data)
     digest = hashlib.sha256(view[: start + _PTE_AT])
     digest.update(b"0" * _DIGEST)

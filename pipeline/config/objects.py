@@ -42,20 +42,26 @@ def check_kwargs(factory: Any, kwargs: Mapping[str, Any], where: str) -> None:
                           f"{sorted(kwargs)}: {exc}") from exc
 
 
+def model_kwargs(factory: Any, section: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments the model factory gets from the config's `model` section: its kwargs,
+    plus `seed=` when the factory takes one."""
+    kwargs = dict(section.get("kwargs") or {})
+    return {"seed": int(section["seed"]), **kwargs} if "seed" in inspect.signature(factory).parameters else kwargs
+
+
 def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
     """The model of the config, with weights from its seed (passed as `seed=` to factories that take
     it, else set as PyTorch's seed for the call). Nothing is downloaded: torchvision `weights` must be null."""
     factory = locate(str(cfg["model"]["_target_"]), "model", "model._target_")
-    kwargs = dict(cfg["model"].get("kwargs") or {})
-    seed = int(cfg["model"]["seed"])
+    kwargs = model_kwargs(factory, cfg["model"])
     if is_torchvision_builder(factory) and any(kwargs.get(k) is not None for k in ("weights", "weights_backbone")):
         raise ConfigError("model.kwargs names pretrained torchvision weights, which would be downloaded; builds use "
                           "seeded random weights (leave weights null)")
-    if "seed" in inspect.signature(factory).parameters:
-        built = build(factory, {"seed": seed, **kwargs}, "model._target_")
+    if "seed" in kwargs:
+        built = build(factory, kwargs, "model._target_")
     else:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.manual_seed(int(cfg["model"]["seed"]))
             built = build(factory, kwargs, "model._target_")
     if not isinstance(built, torch.nn.Module):
         raise ConfigError(f"model._target_ = {cfg['model']['_target_']!r} returned a {type(built).__name__}, not an nn.Module")

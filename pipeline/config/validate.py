@@ -6,7 +6,6 @@ what is allowed."""
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -49,13 +48,11 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
 
 def _check_code(entry: DictConfig, slot: str, where: str) -> None:
     """The target is trusted, of its slot's kind, and takes the entry's kwargs (the model also its seed)."""
-    from pipeline.config.objects import check_kwargs
+    from pipeline.config.objects import check_kwargs, model_kwargs
 
     target = locate(str(entry._target_), slot, where)
-    kwargs = dict(OmegaConf.to_container(entry.get("kwargs") or OmegaConf.create({}), resolve=True))  # type: ignore[arg-type]
-    if slot == "model" and "seed" in inspect.signature(target).parameters:
-        kwargs["seed"] = 0
-    check_kwargs(target, kwargs, where)
+    section: Any = OmegaConf.to_container(entry, resolve=True)
+    check_kwargs(target, model_kwargs(target, section) if slot == "model" else dict(section.get("kwargs") or {}), where)
 
 
 def _check_chain(cfg: DictConfig, methods: list[str]) -> None:

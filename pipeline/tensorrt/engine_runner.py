@@ -129,11 +129,12 @@ class EngineRunner:
         keep = []
         shapes_changed = False
         for binding, dtype, tensor in zip(self.inputs, self._in_dtypes, args):
-            if self._shapes.get(binding.name) != tensor.shape or tensor.dtype != dtype:
+            new_shape = self._shapes.get(binding.name) != tensor.shape
+            if new_shape or tensor.dtype != dtype:
                 binding.spec.check(f"engine input {binding.name!r}", tensor)  # before TensorRT sees it
             x = tensor if (tensor.is_cuda and tensor.is_contiguous()) else tensor.to(device="cuda").contiguous()
             keep.append(x)
-            if self._shapes.get(binding.name) != x.shape:
+            if new_shape:
                 if not self.context.set_input_shape(binding.name, tuple(x.shape)):
                     raise InputError(f"engine input {binding.name!r} has shape {list(x.shape)}, which the engine's "
                                      "optimization profile does not take")
