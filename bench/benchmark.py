@@ -1,6 +1,6 @@
 """GPU benchmark: per model, median and p90 latency of eager PyTorch, torch.compile (CUDA graphs),
 the raw TensorRT engine(s) driven directly (with and without a CUDA graph), and pipeline.runtime
-on the .pte; plus engine build time and file sizes. Prints a markdown table. Variants take turns
+on the .pte; plus compile seconds (engine builds) and file sizes. Prints a markdown table. Variants take turns
 in blocks of calls, so that noise on the machine hits them alike.
 
     python bench/benchmark.py --models mobilenet_v3_small resnet18 --precision fp32 fp16
@@ -88,8 +88,9 @@ def bench_model(name: str, precision: str, timing: Timing, use_compile: bool,
     build_start = time.perf_counter()
     files = run_all(cfg, out_dir)
     build = time.perf_counter() - build_start
-    report = json.loads((out_dir / "report.json").read_text())
-    program = pte.load_program(files["pte"])
+    compile_seconds = json.loads((out_dir / "timings.json").read_text())  # engines build in the compile step
+    file = pte.read(files["pte"], files.get("ptd"))
+    program = file.program
     model = objects.model(cfg).cuda()
     if precision != "fp32":  # eager baselines run in the same precision
         model = model.to(torch.float16 if precision == "fp16" else torch.bfloat16)
@@ -97,15 +98,16 @@ def bench_model(name: str, precision: str, timing: Timing, use_compile: bool,
     for method, spec in cfg["model"]["methods"].items():
         inputs = [x.cuda() for x in objects.example_inputs(spec, 1)]
         sizes = {"method": method, "pte_MB": files["pte"].stat().st_size / 1e6,
-                 "engine_build_s": report[method]["build_seconds"], "pipeline_build_s": build}
+                 "ptd_MB": files["ptd"].stat().st_size / 1e6 if "ptd" in files else 0.0,
+                 "compile_s": compile_seconds[method], "pipeline_build_s": build}
         calls = [c for c in pte.delegate_calls(program) if c.backend == blob.BACKEND_ID and c.method == method]
         plan = next(p for p in program.execution_plan if p.name == method)
-        rows += [{**sizes, **r} for r in _bench_method(method, model, spec, inputs, files, (calls, plan), timing,
+        rows += [{**sizes, **r} for r in _bench_method(method, model, spec, inputs, file, files, (calls, plan), timing,
                                                         use_compile)]
     return [{"model": name, "precision": precision, **r} for r in rows]
 
 
-def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[torch.Tensor], files: Any,
+def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[torch.Tensor], file: Any, files: Any,
                   delegates: tuple[list[Any], Any], timing: Timing, use_compile: bool) -> list[dict[str, Any]]:
     calls, plan = delegates
     dtype = next(model.parameters()).dtype
@@ -118,7 +120,7 @@ def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[tor
     for graph in (False, True):
         suffix = " + CUDA graph" if graph else ""
         if len(calls) == 1:
-            meta, engine = blob.decode(calls[0].payload)
+            meta, engine = pte.engine(file, calls[0].payload)
             stream = torch.cuda.Stream()
             runner = EngineRunner(engine, meta.io_bindings, RuntimeOptions(cuda_graph=graph), stream)
             position = {value: i for i, value in enumerate(plan.inputs)}
@@ -126,7 +128,7 @@ def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[tor
             if all(a in position for a in args):
                 by_position = [inputs[position[a]] for a in args]
                 variants.append(Variant(f"raw engine{suffix}", lambda r=runner, a=by_position: r(*a), stream))
-        method = load(files["pte"], options=RuntimeOptions(cuda_graph=graph)).method(name)
+        method = load(files["pte"], files.get("ptd"), options=RuntimeOptions(cuda_graph=graph)).method(name)
         # called from its stream, as the raw engine is driven on its own
         variants.append(Variant(f"pipeline.runtime .pte{suffix}", lambda m=method: m.execute(inputs), method.stream))
     with torch.no_grad():
@@ -140,7 +142,7 @@ def _row(v: Variant) -> dict[str, float]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = ["model", "method", "precision", "variant", "median_ms", "p90_ms", "first_ms", "engine_build_s", "pte_MB"]
+    cols = ["model", "method", "precision", "variant", "median_ms", "p90_ms", "first_ms", "compile_s", "pte_MB", "ptd_MB"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")

@@ -60,13 +60,14 @@ def main() -> None:
     args = parser.parse_args()
     cfg = OmegaConf.to_container(compose([f"model={args.model}", f"compile.precision={args.precision}"]), resolve=True)
     files = run_all(cfg, Path(tempfile.mkdtemp()))
-    program = pte.load_program(files["pte"])
+    file = pte.read(files["pte"], files.get("ptd"))
+    program = file.program
     method_name = next(iter(cfg["model"]["methods"]))
     (call,) = [c for c in pte.delegate_calls(program) if c.backend == blob.BACKEND_ID and c.method == method_name]
-    meta, engine = blob.decode(call.payload)
+    meta, engine = pte.engine(file, call.payload)
     x = [t.cuda() for t in objects.example_inputs(cfg["model"]["methods"][method_name], 1)]
     options = RuntimeOptions(cuda_graph=True)
-    loaded = load(files["pte"], options=options)
+    loaded = load(files["pte"], files.get("ptd"), options=options)
     method = loaded.method(method_name)
     stream = method.stream
     runner = EngineRunner(engine, meta.io_bindings, options, stream)

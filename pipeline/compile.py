@@ -15,9 +15,10 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
 from pipeline.errors import UnsupportedOperatorError
-from pipeline.tensorrt import engine_op
+from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
 from pipeline.tensorrt.builder import build_engine
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.engine_cache import EngineCache
 from pipeline.tensorrt.network import GraphSource
 from pipeline.tensorrt.partitioner import is_operator, preserved_ops, symbol_ranges
 from pipeline.tensorrt.support import TensorRTOperatorSupport
@@ -26,7 +27,7 @@ log = logging.getLogger("pipeline.compile")
 
 
 def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec: TensorRTCompileSpec | None = None,
-                   dynamic_shapes: Any = None, method: str = "forward") -> ExportedProgram:
+                   dynamic_shapes: Any = None, method: str = "forward", cache: EngineCache | None = None) -> ExportedProgram:
     """Export `module` and replace its TensorRT-supported subgraphs by engine calls.
 
     Args:
@@ -35,6 +36,7 @@ def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec:
         spec: compile options of every engine (`min_block_size`, precision, dynamic ranges, ...).
         dynamic_shapes: torch.export dynamic shapes for `example_inputs`.
         method: name used in progress messages and engine labels.
+        cache: an engine cache to take engines from and put new ones into (`cache.events` says which).
     Returns:
         An engine-bearing `ExportedProgram` (saves with `torch.export.save`).
     """
@@ -46,7 +48,7 @@ def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec:
     program = torch.export.export(module.eval(), args, dynamic_shapes=dynamic_shapes).run_decompositions(table)
     spec = spec.with_symbol_ranges(symbol_ranges(program, spec))
     gm = program.module()
-    engines = _replace_partitions(gm, program.range_constraints, spec, method)
+    engines = _replace_partitions(gm, program.range_constraints, spec, method, cache)
     log.info("method %r: %d TensorRT engine(s)", method, engines)
     flat_args = torch.utils._pytree.tree_leaves(args)
     return torch.export.export(gm, tuple(flat_args), dynamic_shapes=_flat_dims(program))
@@ -72,7 +74,8 @@ def _flat_dims(program: ExportedProgram) -> tuple[dict[int, Any], ...] | None:
     return tuple(out) if dims else None
 
 
-def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: TensorRTCompileSpec, method: str) -> int:
+def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: TensorRTCompileSpec, method: str,
+                        cache: EngineCache | None) -> int:
     support = TensorRTOperatorSupport(spec)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     partitions = [p for p in partitioner.propose_partitions()
@@ -86,7 +89,7 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
     fused = partitioner.fuse_partitions(partitions)
     calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
     for count, node in enumerate(calls):  # the label is the progress line: "engine 3/12 of method ..."
-        _replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}")
+        _replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}", cache)
     count = len(calls)
     fused.graph.eliminate_dead_code()
     fused.delete_all_unused_submodules()
@@ -95,7 +98,7 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
 
 
 def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],
-                         spec: TensorRTCompileSpec, label: str) -> None:
+                         spec: TensorRTCompileSpec, label: str, cache: EngineCache | None) -> None:
     sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     constants: dict[str, torch.Tensor | None] = {}
@@ -109,13 +112,13 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
             constants[ph.name] = None
             runtime_args.append(arg)
     _rematerialize_symints(gm, call, sub, dict(zip(placeholders, call.args)))
-    built = build_engine(GraphSource(sub.graph, constants, ranges), spec, label=label)
+    built = build_engine(GraphSource(sub.graph, constants, ranges), spec, label=label, cache=cache)
     inputs = [ph for ph in placeholders if constants[ph.name] is None]
     outputs = _outputs(sub)
     shapes = [[_dim_expr(d, inputs) for d in o.meta["val"].shape] for o in outputs]
     # Only what the build determines: timings would make cached stage outputs differ run to run.
     stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine)}
-    metadata = engine_op.encode_metadata(built.metadata, shapes, stats)
+    metadata = blob.encode_op_metadata(built.metadata, shapes, stats)
     name = f"_tensorrt_engine_{call.target.removeprefix('fused_')}"  # type: ignore[union-attr]
     gm.register_buffer(name, torch.frombuffer(bytearray(built.engine), dtype=torch.uint8))
     with gm.graph.inserting_before(call):

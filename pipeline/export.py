@@ -19,18 +19,22 @@ from typing import Any
 
 import torch
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig, to_edge_transform_and_lower
+from executorch.exir._serialize._named_data_store import NamedDataStore
 from executorch.exir.backend.partitioner import Partitioner
 from torch.export import ExportedProgram
 
 from pipeline import record
 from pipeline.errors import ExportError
 from pipeline.files import fix_modes, remove_stale_temporaries, temp_prefix, writing
+from pipeline.tensorrt import blob
 from pipeline.tensorrt.compile_spec import METHOD_KEY, TensorRTCompileSpec
 from pipeline.tensorrt.partitioner import TensorRTPartitioner
 from pipeline.tensorrt.report import lowering_report
 
 Source = torch.fx.GraphModule | ExportedProgram | Mapping[str, ExportedProgram]
 PerMethod = Any  # a value, or a mapping of method name -> value
+# ExecuTorch's tag for external constants (`external_constants_pass`); `.ptd` files are named by tag.
+EXTERNAL_TAG = "_default_external_constant"
 
 
 def export(
@@ -97,17 +101,20 @@ def save(source: Source, path: str | os.PathLike[str], *, external_data: bool = 
 
 def write_program(manager: EdgeProgramManager, path: str | os.PathLike[str], *, external_data: bool = False,
                   etrecord: bool = False) -> dict[str, Path]:
-    """Serialize `manager` to `<path>` (.pte), `<base>.ptd` when tensor data is external and any
-    exists (a stale `.ptd` is removed), and `<base>_etrecord.bin` with `etrecord`. Every file is
+    """Serialize `manager` to `<path>` (.pte), `<base>.ptd` when data is external and any exists (a
+    stale `.ptd` is removed), and `<base>_etrecord.bin` with `etrecord`. TensorRT engines are named
+    data, each stored once: `.pte` segments, or with `external_data` the `.ptd` (with the weights
+    left outside engines), so the `.pte` keeps only the program and blob metadata. Every file is
     written to a temporary name first: outputs appear complete or not at all. The `.pte` carries its
     program record (`record.py`): its inputs' bounds, its own digest and its `.ptd`'s.
 
     Returns:
         The files written, by kind ("pte", "ptd", "etrecord").
     """
-    sealed = copy.copy(manager)  # the caller's manager keeps its constant methods
+    sealed = copy.copy(manager)  # the caller's manager keeps its constant methods and named data
     programs = {m: manager.exported_program(m) for m in manager.methods}
     sealed._config_methods = {**(manager._config_methods or {}), record.METHOD: record.placeholder(record.inputs_of(programs))}
+    sealed._named_data_store = _place_engines(manager._named_data_store, external_data)
     program = sealed.to_executorch(ExecutorchBackendConfig(external_constants=external_data))
     target = Path(path)
     base = target.with_suffix("")
@@ -131,6 +138,21 @@ def write_program(manager: EdgeProgramManager, path: str | os.PathLike[str], *, 
                 written["etrecord"] = Path(f"{base}_etrecord.bin")
             os.replace(Path(tmp) / "program.pte", target)
     return written
+
+
+def _place_engines(store: NamedDataStore, external: bool) -> NamedDataStore:
+    """The program's named data with every TensorRT engine in the `.pte` (segments) or, when
+    `external`, in the `.ptd` (the tag ExecuTorch gives external constants, so one file holds both)."""
+    data = store.get_named_data_store_output()
+    out = NamedDataStore()
+    entries = [(k, e, None) for k, e in data.pte_data.items()]
+    entries += [(k, e, tag) for tag, group in data.external_data.items() for k, e in group.items()]
+    for key, entry, tag in entries:
+        if blob.is_engine_key(key):
+            tag = EXTERNAL_TAG if external else None
+        out.add_named_data(key, data.buffers[entry.buffer_index], entry.alignment, external_tag=tag,
+                           tensor_layout=entry.tensor_layout)
+    return out
 
 
 def _write_etrecord(manager: EdgeProgramManager, program: Any, path: Path) -> None:
@@ -250,10 +272,10 @@ def _check_partitioner_methods(chains: Mapping[str, Sequence[Partitioner]]) -> N
 
 def _spec_method(partitioner: Partitioner) -> str | None:
     spec = getattr(partitioner, "delegation_spec", None)
-    for entry in getattr(spec, "compile_specs", None) or []:
-        if entry.key == METHOD_KEY:
-            value = bytes(entry.value).decode().strip('"')
-            return None if value == "null" else value
-    return None
+    entries = [e for e in getattr(spec, "compile_specs", None) or [] if e.key == METHOD_KEY]
+    if not entries or getattr(spec, "backend_id", blob.BACKEND_ID) != blob.BACKEND_ID:
+        return None
+    method = blob.decode_compile_specs(entries)[METHOD_KEY]
+    return None if method is None else str(method)
 
 

@@ -15,18 +15,23 @@ def summary(cfg: Mapping[str, Any], program_dir: Path, report: Mapping[str, Any]
             validation: Mapping[str, Any]) -> dict[str, float | int]:
     """Sizes, engines, ops outside TensorRT, build seconds; errors and latency where a GPU measured them.
 
-    Keys: pte_mb, ptd_mb, engines, engine_mb, outside (ops left to other backends or kernels),
-    build_s (compile step), rel_err (worst method), ms or <method>_ms (median call, GPU only).
+    Keys: pte_mb, ptd_mb, engines and engine_mb (distinct engines stored, their bytes), outside (ops
+    left to other backends or kernels), build_s (compile step), cache_hits (engines the compile step
+    took from the engine cache), rel_err (worst method), ms or <method>_ms (median call, GPU only).
     """
     files = {p.suffix: p.stat().st_size for p in program_dir.iterdir()}
+    # Engines as the program stores them: once each, however many delegates of any method call one.
+    stored = {e["engine_key"]: int(e["engine_bytes"]) for m in report.values() for e in m["engines"]}
     out: dict[str, float | int] = {
         "pte_mb": round(files.get(".pte", 0) / _MB, 3),
         "ptd_mb": round(files.get(".ptd", 0) / _MB, 3),
-        "engines": sum(int(m["num_engines"]) for m in report.values()),
-        "engine_mb": round(sum(int(m["engine_bytes"]) for m in report.values()) / _MB, 3),
+        "engines": len(stored),
+        "engine_mb": round(sum(stored.values()) / _MB, 3),
         "outside": sum(len(m["left_over"]) for m in report.values()),
         "build_s": round(float(timings.get("total", 0.0)), 2),
     }
+    if "engine_cache" in timings:  # engines the compile step took from the cache
+        out["cache_hits"] = int(timings["engine_cache"]["hits"])
     methods = validation.get("methods", {})
     errors = [m["max_rel_error"] for m in methods.values() if m.get("max_rel_error") is not None]
     if errors:

@@ -1,28 +1,28 @@
-"""Read `.pte` files, checking them first: structure, program record (the file's digest and its
-`.ptd`'s identity), and every TensorRT delegate with its blob checked against the tensors the
-program passes to it."""
+"""Read `.pte` files (and their `.ptd`), checking them first: structure, program record (the file's
+digest and its `.ptd`'s identity), and every TensorRT delegate with its blob checked against the
+tensors the program passes to it and against the engine it names. Both files are memory-mapped: named
+data (engines, external tensors) are views of the mapping, never copies."""
 
 from __future__ import annotations
 
+import mmap
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from executorch.exir._serialize._program import deserialize_pte_binary
+from executorch.exir._serialize._program import _flatbuffer_to_program, _restore_segments
 
-from pipeline import record
+from pipeline import dtypes, record
 from pipeline.errors import ArtifactError, BlobFormatError
 from pipeline.record import Record
 from pipeline.tensorrt import blob
 
 _HEAD = 8 + 32  # flatbuffer root offset + file identifier, then ExecuTorch's extended header
+_FT_HEAD = 8 + 40  # the same for a `.ptd`: root offset + b"FT01", then its b"FH01" header
 
-# ExecuTorch ScalarType names by torch dtype name (the names blob bindings use).
-SCALAR_TYPES = {
-    "float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16", "int32": "INT", "int64": "LONG",
-    "bool": "BOOL", "int8": "CHAR", "uint8": "BYTE", "float64": "DOUBLE", "int16": "SHORT",
-}
+Data = bytes | mmap.mmap
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,13 @@ class DelegateInfo:
 
 @dataclass(frozen=True)
 class ProgramFile:
-    """A `.pte` read and checked: the parsed program, its `.ptd` tensors by name, and its record."""
+    """A `.pte` read and checked: the parsed program, its named data (`.pte` segments and `.ptd`
+    entries, as views of the mapped files; every engine a blob names is there and matches its
+    digest), where each key lives, and its record."""
 
     program: Any
-    external: dict[str, bytes]
+    named: Mapping[str, memoryview]
+    sources: Mapping[str, str]  # key -> "pte" or "ptd"
     record: Record | None
 
 
@@ -48,36 +51,55 @@ def read(pte: str | Path, ptd: str | Path | None = None, verify: bool = True) ->
     """Read a `.pte` (and its `.ptd`), checking each file before any parser sees it.
 
     Checks: the ExecuTorch identifier and extended header, segment bounds, the program record (the
-    file's digest, the `.ptd`'s identity), then every TensorRT blob (header, engine checksum, bindings
-    against the program's tensors). With `verify=False` (files written by other tools) only the
-    structure and blobs are checked.
+    file's digest, the `.ptd`'s identity), then every TensorRT blob (header, bindings against the
+    program's tensors, the engine it names present with its size and, where no record vouched for the
+    file, its digest). With `verify=False` (files written by other tools) a file without a record is
+    read with these checks alone.
 
     Raises:
         ArtifactError: one message naming the file and what is wrong with it.
     """
-    data = _read_bytes(pte)
+    data = map_file(pte)
     size = check_structure(data, str(pte))
     found = record.verify(data, str(pte), size)
     if found is None and verify:
         raise ArtifactError(f"{pte} has no pipeline program record (written by another tool or an older version); "
                             "rebuild it with pipeline.export.save or the serialize stage, or load it with verify=False")
-    external: dict[str, bytes] = {}
+    external: dict[str, memoryview] = {}
     if ptd is not None:
-        ptd_data = _read_bytes(ptd)
+        ptd_data = map_file(ptd)
         if found is not None and found.ptd_sha256 is None:
             raise ArtifactError(f"{pte} was written without external data, but {ptd} was given; load it without a .ptd")
         if found is not None and record.sha256(ptd_data) != found.ptd_sha256:
             raise ArtifactError(f"{ptd} is not the .ptd that {Path(pte).name} was written with (another build, or a "
                                 "damaged copy); use the .ptd from the same build")
-        external = _parse_ptd(ptd_data, str(ptd))
+        external = parse_ptd(ptd_data, str(ptd))
     elif found is not None and found.ptd_sha256 is not None:
-        raise ArtifactError(f"{pte} keeps its tensor data in a .ptd file; pass the .ptd written with it")
-    program = load_program(data, str(pte))
-    check_tensorrt_io(program, str(pte))
-    return ProgramFile(program, external, found)
+        raise ArtifactError(f"{pte} keeps its tensor data in a .ptd file (weights, engines); pass the .ptd written with it")
+    program, inside = parse(data, str(pte))
+    both = set(inside) & set(external)
+    if both:
+        raise ArtifactError(f"{ptd} and {pte} both hold named data {sorted(both)[:3]}; use the .ptd from the same build")
+    named = {**inside, **external}
+    # Files that matched their record's digests hold the engines they were written with; others'
+    # engines are hashed here, so a read program's engines are all known good.
+    check_tensorrt_io(program, str(pte), named, hashed=found is not None)
+    sources = {**dict.fromkeys(inside, "pte"), **dict.fromkeys(external, "ptd")}
+    return ProgramFile(program, named, sources, found)
 
 
-def check_structure(data: bytes, where: str) -> int:
+def map_file(path: str | Path) -> Data:
+    """A read-only memory mapping of a file (an empty file reads as b"")."""
+    try:
+        with open(path, "rb") as f:
+            if f.seek(0, 2) == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def check_structure(data: Data, where: str) -> int:
     """Check a `.pte`'s identifier, extended header and segment bounds; return the flatbuffer's size."""
     if len(data) < _HEAD:
         raise ArtifactError(f"{where} is {len(data)} bytes, too short for an ExecuTorch program (truncated or empty)")
@@ -95,34 +117,82 @@ def check_structure(data: bytes, where: str) -> int:
     return int(program_size)
 
 
-def load_program(source: str | Path | bytes, where: str = "program") -> Any:
-    """Parse a `.pte` (path or bytes) into ExecuTorch's Python dataclasses (the `program` part)."""
-    data = source if isinstance(source, bytes) else _read_bytes(source)
+def parse(data: Data, where: str = "program") -> tuple[Any, dict[str, memoryview]]:
+    """Parse a `.pte` into ExecuTorch's Python dataclasses (delegate and constant segments restored
+    as views of `data`) and its named data by key (views of `data`).
+
+    Raises:
+        ArtifactError: the file cannot be parsed, or a segment lies outside it.
+    """
+    size = check_structure(data, where)
+    base = struct.unpack_from("<Q", data, 24)[0] if data[8:12] == b"eh00" else 0  # segment_base_offset
+    view = memoryview(data)
     try:
-        return deserialize_pte_binary(data).program
+        program = _flatbuffer_to_program(bytes(view[:size]))
+        entries = list(program.named_data or [])
+        segments = [view[base + s.offset : base + s.offset + s.size] for s in program.segments]
+        if base and any(base + s.offset + s.size > len(data) for s in program.segments):
+            raise ValueError("a segment runs past the end of the file")
+        program.named_data = []
+        if base:
+            program = _restore_segments(program, view[base:]).program
+        named = {entry.key: segments[entry.segment_index] for entry in entries}
     except Exception as exc:  # flatc and the segment reader fail in many ways on damaged files
         raise ArtifactError(f"{where} cannot be parsed as an ExecuTorch program ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    return program, named
 
 
-def _parse_ptd(data: bytes, where: str) -> dict[str, bytes]:
-    from executorch.exir._serialize._cord import Cord
-    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+def load_program(source: str | Path | bytes, where: str = "program") -> Any:
+    """Parse a `.pte` (path or bytes) into ExecuTorch's Python dataclasses (the `program` part)."""
+    data = source if isinstance(source, bytes) else map_file(source)
+    return parse(data, where)[0]
 
-    if len(data) < 8 or data[4:8] != b"FT01":
+
+def parse_ptd(data: Data, where: str) -> dict[str, memoryview]:
+    """The named data of a `.ptd` (ExecuTorch's FlatTensor file) by key, as views of `data`.
+
+    Raises:
+        ArtifactError: not a FlatTensor file, or an entry lies outside it.
+    """
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorHeader, _deserialize_to_flat_tensor
+
+    if len(data) < _FT_HEAD or data[4:8] != b"FT01":
         raise ArtifactError(f"{where} is not an ExecuTorch data file (identifier {data[4:8]!r}, expected b'FT01')")
+    view = memoryview(data)
     try:
-        payload = FlatTensorSerializer().deserialize(Cord(data))
-        return {key: bytes(payload.buffers[entry.buffer_index]) for key, entry in payload.named_data.items()}
+        header = FlatTensorHeader.from_bytes(bytes(view[8:_FT_HEAD]))
+        end = header.flatbuffer_offset + header.flatbuffer_size
+        if not header.is_valid() or end > len(data) or header.segment_base_offset + header.segment_data_size > len(data):
+            raise ValueError(f"header {header} does not fit the {len(data)}-byte file")
+        flat = _deserialize_to_flat_tensor(bytes(view[:end]))
+        base = header.segment_base_offset
+        out = {}
+        for entry in flat.named_data:
+            segment = flat.segments[entry.segment_index]
+            if segment.offset + segment.size > header.segment_data_size:
+                raise ValueError(f"entry {entry.key!r} runs past the data")
+            out[entry.key] = view[base + segment.offset : base + segment.offset + segment.size]
+        return out
     except Exception as exc:
-        raise ArtifactError(f"{where} cannot be parsed as ExecuTorch tensor data ({type(exc).__name__})") from exc
+        raise ArtifactError(f"{where} cannot be parsed as ExecuTorch tensor data ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}); use the .ptd from the same build") from exc
 
 
-def _read_bytes(path: str | Path) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from exc
+def engine(file: ProgramFile, payload: bytes) -> tuple[blob.BlobMetadata, bytes | memoryview]:
+    """A TensorRT delegate's metadata and engine: a view of the mapped file for named engines.
+
+    Raises:
+        BlobFormatError: the blob is malformed, or its engine is missing or not the one it names.
+    """
+    meta, ref = blob.decode(payload)
+    return meta, blob.engine_bytes(ref, file.named, checked=True)  # `read` checked it
+
+
+def named_entries(file: ProgramFile) -> list[dict[str, Any]]:
+    """Every named entry of a read program: key, file ("pte"/"ptd"), bytes and SHA-256, by key."""
+    return [{"key": key, "file": file.sources[key], "bytes": len(file.named[key]), "sha256": record.sha256(file.named[key])}
+            for key in sorted(file.named)]
 
 
 def delegate_calls(program: Any) -> list[DelegateInfo]:
@@ -140,11 +210,15 @@ def delegate_calls(program: Any) -> list[DelegateInfo]:
     return out
 
 
-def check_tensorrt_io(program: Any, where: str = "program") -> int:
-    """Check every TensorRT delegate's blob and bindings against the program's tensors; return how many.
+def check_tensorrt_io(program: Any, where: str = "program", named: Mapping[str, Any] | None = None,
+                      hashed: bool = False) -> int:
+    """Check every TensorRT delegate's blob and bindings against the program's tensors, and (given the
+    program's `named` data) that the engine each blob names is there with its size and, unless the
+    bytes were `hashed` already, its digest; return how many.
 
     Raises:
-        BlobFormatError: a blob is malformed, or a binding's count, dtype or shape disagrees with the program.
+        BlobFormatError: a blob is malformed or of a layout this version does not implement, a
+            binding's count, dtype or shape disagrees with the program, or a named engine is missing.
     """
     plans = {p.name: p for p in program.execution_plan}
     checked = 0
@@ -152,7 +226,9 @@ def check_tensorrt_io(program: Any, where: str = "program") -> int:
         if call.backend != blob.BACKEND_ID:
             continue
         try:
-            meta, _ = blob.decode(call.payload)
+            meta, engine = blob.decode(call.payload)
+            if named is not None and engine.key is not None:
+                blob.engine_bytes(engine, named, checked=hashed)
         except BlobFormatError as exc:
             raise BlobFormatError(f"{where}: method {call.method!r}: {exc}") from exc
         if len(meta.io_bindings) != len(call.args):
@@ -169,8 +245,8 @@ def _check_binding(method: str, binding: blob.IOBinding, tensor: Any) -> None:
     where = f"{method}: binding {binding.name!r}"
     if type(tensor).__name__ != "Tensor":
         raise BlobFormatError(f"{where} is bound to a {type(tensor).__name__}, not a tensor")
-    expected = SCALAR_TYPES.get(binding.dtype)
-    if tensor.scalar_type.name != expected:
+    row = dtypes.by_name(binding.dtype)
+    if row is None or tensor.scalar_type.name != row.scalar_name:
         raise BlobFormatError(f"{where} has dtype {binding.dtype} but the program's tensor is {tensor.scalar_type.name}")
     sizes = list(tensor.sizes)
     if len(sizes) != len(binding.shape) or any(b not in (-1, s) for b, s in zip(binding.shape, sizes)):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,7 @@ def seal(pte: bytes, ptd_sha256: str | None) -> bytes:
     return bytes(data)
 
 
-def verify(pte: bytes, where: str, program_size: int | None = None) -> Record | None:
+def verify(pte: bytes | mmap.mmap, where: str, program_size: int | None = None) -> Record | None:
     """The record of `pte`, after checking the file's digest against it; None when it has none.
 
     Raises:
@@ -81,11 +82,12 @@ def verify(pte: bytes, where: str, program_size: int | None = None) -> Record | 
     return Record(inputs, None if ptd == _NO_PTD else ptd)
 
 
-def sha256(data: bytes) -> str:
+def sha256(data: bytes | mmap.mmap | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _find(pte: bytes | bytearray, where: str, end: int | None = None) -> int:
+def _find(pte: bytes | bytearray | mmap.mmap, where: str, end: int | None = None) -> int:
+    end = len(pte) if end is None else end
     start = pte.find(PREFIX, 0, end)
     if start < 4:
         raise LookupError(where)
@@ -94,7 +96,7 @@ def _find(pte: bytes | bytearray, where: str, end: int | None = None) -> int:
     return start
 
 
-def _digest(data: bytes | bytearray, start: int) -> str:
+def _digest(data: bytes | bytearray | mmap.mmap, start: int) -> str:
     view = memoryview(data)
     digest = hashlib.sha256(view[: start + _PTE_AT])
     digest.update(b"0" * _DIGEST)

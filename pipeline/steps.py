@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline import toolchain
+from pipeline import pte, toolchain
 from pipeline.compile import compile_method
 from pipeline.config import objects
 from pipeline.export import export, write_program
@@ -23,26 +23,30 @@ from pipeline.intermediates import load_edge, load_exported, save_edge, save_exp
 log = logging.getLogger("pipeline")
 
 
-def run_compile(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, float]:
-    """Compile every method into `<out_dir>/<method>.pt2`.
+def run_compile(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
+    """Compile every method into `<out_dir>/<method>.pt2`, engines through the configured engine cache.
 
     Returns:
-        Seconds per method and in all ("total"): run-dependent, so kept out of `out_dir`.
+        Seconds per method and in all ("total"), and with the cache on its hits and misses
+        ("engine_cache": {"hits", "misses"}): run-dependent, so kept out of `out_dir`.
     """
     start = time.perf_counter()
     model = objects.model(cfg)
-    timings = {}
+    cache = objects.engine_cache(cfg)
+    timings: dict[str, Any] = {}
     with atomic_dir(out_dir) as tmp:
         for method, spec in cfg["model"]["methods"].items():
             with step(f"compile: method {method!r} of {cfg['model']['name']}") as seconds:
                 program = compile_method(
                     objects.method_module(model, spec), objects.example_inputs(spec, cfg["model"]["seed"]),
                     objects.compile_spec(cfg, method), objects.dynamic_shapes(spec, spec.get("function", "forward")),
-                    method,
+                    method, cache,
                 )
                 save_exported(program, tmp / f"{method}.pt2")
             timings[method] = round(seconds(), 2)
     timings["total"] = round(time.perf_counter() - start, 2)
+    if cache is not None:
+        timings["engine_cache"] = {"hits": sum(e.hit for e in cache.events), "misses": sum(not e.hit for e in cache.events)}
     return timings
 
 
@@ -100,10 +104,13 @@ def run_serialize(cfg: Mapping[str, Any], in_dir: str | Path, program_dir: str |
 
 
 def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path]) -> dict[str, Any]:
-    """Content hashes of the outputs, the composed config and the toolchain: what the build is, and
-    nothing about when or from which commit (dvc.lock in git says that), so it caches like the program."""
+    """Content hashes of the outputs and of every named entry in them (engines, external tensors: key,
+    file, bytes, SHA-256), the composed config and the toolchain: what the build is, and nothing about
+    when or from which commit (dvc.lock in git says that), so it caches like the program."""
+    program = pte.read(files["pte"], files.get("ptd"))
     return {
         "files": {kind: {"name": p.name, "sha256": _sha256(p), "bytes": p.stat().st_size} for kind, p in files.items()},
+        "named_data": pte.named_entries(program),
         "config": dict(cfg),
         "toolchain": toolchain.record(cfg["compile"].get("target_compute_capabilities") or ()),
     }

@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
+from pipeline import dtypes
 from pipeline.errors import InputError
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A tensor input: dtype (torch name, e.g. "float32") and per-dim inclusive bounds."""
+    """A tensor input: dtype (a `pipeline.dtypes` name, e.g. "float32") and per-dim inclusive bounds."""
 
     dtype: str
     min: tuple[int, ...]
@@ -23,7 +24,9 @@ class TensorSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+        row = dtypes.by_name(self.dtype)
+        assert row is not None, self.dtype  # from_json and `of` only make specs of table dtypes
+        return row.torch
 
     def describe(self) -> str:
         dims = ", ".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(self.min, self.max))
@@ -36,7 +39,7 @@ class TensorSpec:
     def from_json(cls, doc: Mapping[str, Any]) -> TensorSpec:
         """Inverse of `to_json`; raises ValueError/KeyError/TypeError on a malformed entry."""
         spec = cls(str(doc["dtype"]), tuple(int(d) for d in doc["min"]), tuple(int(d) for d in doc["max"]))
-        if not isinstance(getattr(torch, spec.dtype, None), torch.dtype) or len(spec.min) != len(spec.max) or any(
+        if dtypes.by_name(spec.dtype) is None or len(spec.min) != len(spec.max) or any(
                 lo < 0 or lo > hi for lo, hi in zip(spec.min, spec.max)):
             raise ValueError(f"malformed tensor spec {dict(doc)}")
         return spec
@@ -54,14 +57,14 @@ class TensorSpec:
             bound = ranges[size.node.expr]
             lows.append(int(bound.lower))
             highs.append(int(bound.upper))
-        return cls(str(value.dtype).removeprefix("torch."), tuple(lows), tuple(highs))
+        return cls(dtypes.name_of(value.dtype), tuple(lows), tuple(highs))
 
     def check(self, where: str, value: Any) -> None:
         """Raise `InputError` unless `value` is a tensor of this dtype with every dim in bounds."""
         if not isinstance(value, torch.Tensor):
             raise InputError(f"{where} must be a tensor {self.describe()}, got a {type(value).__name__}")
         if value.dtype != self.torch_dtype:
-            raise InputError(f"{where} has dtype {str(value.dtype).removeprefix('torch.')}, but the program takes "
+            raise InputError(f"{where} has dtype {dtypes.name_of(value.dtype)}, but the program takes "
                              f"{self.describe()}; convert it first (x.to(torch.{self.dtype}))")
         if value.dim() != len(self.min):
             raise InputError(f"{where} has {value.dim()} dims {list(value.shape)}, but the program takes {self.describe()}")

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
-
+from _common import parser as stage_parser
 from _common import run, setup
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = stage_parser(__doc__)
     parser.add_argument("in_dir")
     parser.add_argument("out_dir")
     args = parser.parse_args()
-    cfg = setup()
+    cfg = setup(args.target)
     from pipeline.steps import run_transform
 
     run_transform(cfg, args.in_dir, args.out_dir)

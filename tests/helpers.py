@@ -17,7 +17,7 @@ from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.engine_runner import EngineRunner, cuda_ready
 from pipeline.tensorrt.network import define_network
 from pipeline.tensorrt.partitioner import TensorRTPartitioner
-from pipeline.tensorrt.report import delegates
+from pipeline.tensorrt.report import delegates, engine_of
 from pipeline.tensorrt.trt_api import trt
 
 # Tolerance per precision, relative to the reference's largest magnitude (documented in README).
@@ -51,7 +51,16 @@ def leftover_ops(edge: EdgeProgramManager, method: str = "forward") -> list[str]
 
 
 def tensorrt_blobs(edge: EdgeProgramManager, method: str = "forward") -> list[bytes]:
-    return [m.processed_bytes for m in delegates(edge.exported_program(method)) if m.backend_id == blob.BACKEND_ID]
+    return [m.processed_bytes for m in tensorrt_delegates(edge, method)]
+
+
+def tensorrt_engines(edge: EdgeProgramManager, method: str = "forward") -> list[tuple[blob.BlobMetadata, bytes]]:
+    """(metadata, engine) of each TensorRT delegate of `method`."""
+    return [engine_of(m) for m in tensorrt_delegates(edge, method)]
+
+
+def tensorrt_delegates(edge: EdgeProgramManager, method: str = "forward") -> list[Any]:
+    return [m for m in delegates(edge.exported_program(method)) if m.backend_id == blob.BACKEND_ID]
 
 
 def assert_not_degenerate(ref: torch.Tensor) -> None:
@@ -79,8 +88,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, precision: str, table: di
 
 def run_engines(edge: EdgeProgramManager, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run the single TensorRT engine of `forward` on the GPU, feeding program inputs by name."""
-    (payload,) = tensorrt_blobs(edge)
-    meta, engine = blob.decode(payload)
+    ((meta, engine),) = tensorrt_engines(edge)
     names = edge.exported_program().graph_signature.user_inputs
     by_name = dict(zip(names, [x for x in inputs if isinstance(x, torch.Tensor)]))
     runner = EngineRunner(engine, meta.io_bindings)
@@ -99,9 +107,9 @@ def check_converter(module: torch.nn.Module, inputs: Sequence[Any], precision: s
     spec.setdefault("allow_tf32", False)
     edge, _ = lower(module, inputs, TensorRTCompileSpec(precision=precision, **spec), dynamic_shapes=dynamic_shapes)
     assert leftover_ops(edge) == [], f"not delegated: {leftover_ops(edge)}"
-    blobs = tensorrt_blobs(edge)
-    assert len(blobs) == 1
-    meta, engine = blob.decode(blobs[0])
+    engines = tensorrt_engines(edge)
+    assert len(engines) == 1
+    meta, engine = engines[0]
     assert len(engine) > 0 and meta.outputs
     if GPU:
         with torch.no_grad():

@@ -9,8 +9,9 @@ from torch.export import Dim
 from pipeline.compile import compile_method
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.models.decoder import MethodView, tiny_decoder
+from pipeline.tensorrt.blob import decode_op_metadata
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.engine_op import decode_metadata, is_engine_call
+from pipeline.tensorrt.engine_op import is_engine_call
 from tests.helpers import GPU, Mixed, assert_close
 from tests.helpers import MIXED_INPUT as X
 
@@ -42,7 +43,7 @@ def test_dynamic_dims_stay_shared_and_output_shapes_follow_inputs() -> None:
     program = compile_method(MethodView(model, "decode"), (tokens[:, :1], torch.tensor([8]), keys, values),
                              dynamic_shapes=(({}, {}, {3: cache}, {3: cache}),), method="decode")
     (call,) = _calls(program)
-    meta, shapes = decode_metadata(call.args[2])
+    meta, shapes = decode_op_metadata(call.args[2])
     assert shapes[1][3].endswith("+ 1")  # the grown cache is one longer than the input cache
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     k, v = (placeholders[name].meta["val"].shape[3] for name in program.graph_signature.user_inputs[2:])

@@ -23,7 +23,7 @@ def _run(cmd: list[str], cwd: Path, **env: str) -> str:
 
 
 def _stages_run(output: str) -> list[str]:
-    return re.findall(r"Running stage '(\w+)'", output)
+    return re.findall(r"Running stage '([\w@.-]+)'", output)
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +77,15 @@ def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
     # (A changed toolchain record, and the run-cache bringing back every stage when it changes back:
     # tests/reliability/test_run_cache.py.)
 
-    # Every file of the program directory is an output like the .pte: cached, and restored by checkout
-    # (the mlp's weights all live in its engine, so external data writes no .ptd here).
+    # Every file of the program directory is an output like the .pte: cached, and restored by checkout.
+    # With external data the engine is named data in the .ptd, which the manifest lists with its hash.
     _run([sys.executable, "-m", "pipeline.config.compose", "transforms=dead_code", "compile.precision=fp16",
           "serialize=external", "serialize.etrecord=true"], repo)
     assert "serialize" in _stages_run(_run(["dvc", "repro"], repo))
     program = {p.name: p.read_bytes() for p in (out / "program").iterdir()}
-    assert set(program) == {"mlp.pte", "mlp_etrecord.bin"}
+    assert set(program) == {"mlp.pte", "mlp.ptd", "mlp_etrecord.bin"} and len(program["mlp.pte"]) < 16_000
+    (entry,) = json.loads((out / "manifest.json").read_text())["named_data"]
+    assert entry["file"] == "ptd" and entry["key"] == f"tensorrt.engine.{entry['sha256']}" and entry["bytes"] > 10_000
     shutil.rmtree(out / "program")
     _run(["dvc", "checkout"], repo)
     assert {p.name: p.read_bytes() for p in (out / "program").iterdir()} == program
@@ -105,7 +107,8 @@ def test_exp_run_applies_overrides_and_carries_metrics(repo: Path) -> None:
     metrics = [e["data"]["metrics"]["metrics.json"]["data"] for e in experiments]
     assert metrics and all(m["engines"] == 1 and m["build_s"] > 0 for m in metrics)
     assert "build_s" in _run(["dvc", "metrics", "diff"], repo)
-    table = _run(["dvc", "exp", "show", "--no-pager", "--only-changed", "--drop", "build/.*"], repo, COLUMNS="120")
+    table = _run(["dvc", "exp", "show", "--no-pager", "--only-changed", "--drop", "build/.*|timings.json|forward|total"], repo,
+                 COLUMNS="120")
     assert "optimization_level" in table and max(map(len, table.splitlines())) <= 120
 
 
@@ -133,3 +136,25 @@ def test_bad_config_fails_before_any_build(repo: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "pipeline.config.compose", "partitioners=tensorrt_xnnpack",
                              "++partitioners.chain.0.name=xnnpack"], cwd=repo, capture_output=True, text=True)
     assert result.returncode != 0 and "must start with `- name: tensorrt`" in result.stderr
+
+
+STEPS = ("compile", "export", "transform", "serialize", "validate")
+
+
+def test_build_matrix_builds_every_target_and_rebuilds_a_changed_one_alone(repo: Path) -> None:
+    targets = ["+model@targets.a.model=mlp", "+compile@targets.a.compile=fp16",
+               "+model@targets.b.model=mlp", "+compile@targets.b.compile=default"]
+    _run([sys.executable, "-m", "pipeline.config.compose", *targets], repo)
+    ran = [s for s in _stages_run(_run(["dvc", "repro"], repo)) if "@" in s]
+    assert sorted(ran) == sorted(f"target_{step}@{t}" for step in ("toolchain", *STEPS) for t in "ab")
+    for target, precision in (("a", "fp16"), ("b", "fp32")):
+        assert json.loads((repo / "matrix" / target / "metrics.json").read_text())["engines"] == 1
+        manifest = json.loads((repo / "build" / "targets" / target / "manifest.json").read_text())
+        assert manifest["config"]["compile"]["precision"] == precision and manifest["config"]["targets"] == {}
+    shown = _run(["dvc", "metrics", "show"], repo)
+    assert "matrix/a/metrics.json" in shown and "matrix/b/metrics.json" in shown
+    assert "matrix/a/plot.json" in _run(["dvc", "plots", "show", "--json"], repo)
+
+    _run([sys.executable, "-m", "pipeline.config.compose", *targets, "targets.a.compile.optimization_level=1"], repo)
+    ran = [s for s in _stages_run(_run(["dvc", "repro"], repo)) if "@" in s and not s.startswith("target_toolchain")]
+    assert ran == [f"target_{step}@a" for step in STEPS]

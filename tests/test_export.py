@@ -14,6 +14,7 @@ from pipeline.compile import compile_method
 from pipeline.errors import ExportError
 from pipeline.export import export, save
 from pipeline.models.decoder import MethodView, tiny_decoder
+from pipeline.tensorrt import blob
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.partitioner import TensorRTPartitioner
 from tests.helpers import MIXED_INPUT as X
@@ -58,8 +59,11 @@ def test_external_tensor_data(mixed, tmp_path: Path) -> None:  # type: ignore[no
     files = save(mixed, tmp_path / "mixed.pte", external_data=True)
     assert files["ptd"].stat().st_size > 4 * 4 * 3 * 4 and files["ptd"] == tmp_path / "mixed.ptd"
     trt_only = save(compile_method(torch.nn.Linear(8, 8), (torch.randn(2, 8),)), tmp_path / "lin.pte", external_data=True)
-    assert "ptd" not in trt_only and not (tmp_path / "lin.ptd").exists()
     assert _backends(trt_only["pte"]) == {"forward": ["TensorRTBackend"]}
+    (engine,) = pte.named_entries(pte.read(trt_only["pte"], trt_only["ptd"]))  # the weights live in the engine
+    assert engine["file"] == "ptd" and blob.is_engine_key(engine["key"])
+    written = save(compile_method(torch.nn.Linear(8, 8), (torch.randn(2, 8),)), tmp_path / "lin.pte")
+    assert "ptd" not in written and not (tmp_path / "lin.ptd").exists()  # a stale .ptd goes
 
 
 def test_prefill_and_decode_keep_their_engines(decoder_methods, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -137,7 +141,8 @@ def test_calls_sharing_an_engine_share_one_payload() -> None:
     output.args = ((result,),)
     gm.recompile()
     buffer = export(gm, inputs=(x,)).to_executorch().buffer
-    program = pte.load_program(buffer)
+    program, named = pte.parse(buffer)
     first, second = (bytes(d.data) for d in program.backend_delegate_data)
     assert len(program.execution_plan[0].delegates) == 2 and first == second
-    assert len(buffer) < 1.5 * len(first)  # the file stores the shared payload once
+    (engine,) = named.values()  # the file stores the shared engine once
+    assert len(buffer) < 1.5 * len(engine)

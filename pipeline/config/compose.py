@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +53,9 @@ def write_params(cfg: DictConfig, path: str | Path = "params.yaml") -> Path:
     return write_bytes(path, text.encode())
 
 
-def read_params(path: str | Path = "params.yaml") -> dict[str, Any]:
-    """`params.yaml` as plain data, re-validated (stages read only this, never `conf/`)."""
+def read_params(path: str | Path = "params.yaml", target: str | None = None) -> dict[str, Any]:
+    """`params.yaml` as plain data, re-validated (stages read only this, never `conf/`); with
+    `target`, the config of that build-matrix target (`target_config`)."""
     try:
         cfg = OmegaConf.load(path)
     except FileNotFoundError as exc:
@@ -62,7 +63,23 @@ def read_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"{path} is not a mapping; write it with `python -m pipeline.config.compose [OVERRIDES]`")
     validate(cfg)
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return target_config(OmegaConf.to_container(cfg, resolve=True), target)  # type: ignore[arg-type]
+
+
+def target_config(cfg: Mapping[str, Any], target: str | None) -> dict[str, Any]:
+    """The build config of one matrix target: the target's model and compile variant with the
+    top-level groups (partitioners, transforms, serialize, runtime, cache); `cfg` itself for None.
+
+    Raises:
+        ConfigError: `cfg` has no target of that name.
+    """
+    if target is None:
+        return dict(cfg)
+    targets = cfg.get("targets") or {}
+    if target not in targets:
+        raise ConfigError(f"params.yaml has no build target {target!r} (it has {sorted(targets)}); compose the "
+                          "matrix that holds it, e.g. `python -m pipeline.config.compose matrix=zoo`")
+    return {**cfg, "model": targets[target]["model"], "compile": targets[target]["compile"], "targets": {}}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,15 +11,16 @@ from typing import Any
 import torch
 from torch.export import Dim
 
+from pipeline import dtypes
 from pipeline.config.targets import locate
 from pipeline.errors import ConfigError
 from pipeline.models.decoder import MethodView
 from pipeline.models.registry import is_torchvision_builder
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.engine_cache import EngineCache
 
 # Input dtypes a config may name.
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
-           "int32": torch.int32, "bool": torch.bool}
+DTYPES = {name: dtypes.BY_NAME[name].torch for name in ("float32", "float16", "bfloat16", "int64", "int32", "bool")}
 
 
 def instantiate(entry: Mapping[str, Any], slot: str, where: str) -> Any:
@@ -113,6 +114,14 @@ def compile_spec(cfg: Mapping[str, Any], method: str) -> TensorRTCompileSpec:
     fields = {k: v for k, v in cfg["compile"].items() if k != "per_method"}
     fields.update((cfg["compile"].get("per_method") or {}).get(method, {}))
     return TensorRTCompileSpec.from_mapping(fields).for_method(method)
+
+
+def engine_cache(cfg: Mapping[str, Any]) -> EngineCache | None:
+    """The configured engine cache, or None when it is off."""
+    section = cfg.get("cache") or {}
+    if not section.get("enabled", True):
+        return None
+    return EngineCache(section.get("url"), int(float(section.get("max_gb", 20.0)) * (1 << 30)))
 
 
 def partitioners(cfg: Mapping[str, Any], method: str) -> list[Any]:

@@ -109,6 +109,23 @@ class RuntimeConfig:
 
 
 @dataclass
+class CacheConfig:
+    """The engine cache every compile looks engines up in (`pipeline/tensorrt/engine_cache.py`)."""
+
+    enabled: bool = True
+    url: str | None = None  # None: $PIPELINE_ENGINE_CACHE or ~/.cache/trt-executorch-pipeline/engines
+    max_gb: float = 20.0
+
+
+@dataclass
+class TargetConfig:
+    """One target of the build matrix: a model and a compile variant (the other groups are shared)."""
+
+    model: ModelConfig = MISSING
+    compile: CompileConfig = MISSING
+
+
+@dataclass
 class PipelineConfig:
     model: ModelConfig = MISSING
     compile: CompileConfig = MISSING
@@ -116,6 +133,8 @@ class PipelineConfig:
     transforms: TransformsConfig = MISSING
     serialize: SerializeConfig = MISSING
     runtime: RuntimeConfig = MISSING
+    cache: CacheConfig = MISSING
+    targets: dict[str, TargetConfig] = field(default_factory=dict)  # the build matrix (conf/matrix/)
     output_dir: str = "build"
 
 
@@ -126,6 +145,7 @@ GROUPS = {
     "transforms": TransformsConfig,
     "serialize": SerializeConfig,
     "runtime": RuntimeConfig,
+    "cache": CacheConfig,
 }
 
 

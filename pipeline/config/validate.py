@@ -17,13 +17,14 @@ from pipeline.errors import CompileSpecError, ConfigError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Where code may be named, and which kind of code each place takes.
-_SLOTS = {r"model\._target_": "model", r"partitioners\.chain\[\d+\]\._target_": "partitioner",
+_SLOTS = {r"(targets\.[^.\[]+\.)?model\._target_": "model", r"partitioners\.chain\[\d+\]\._target_": "partitioner",
           r"transforms\.passes\.[^.\[]+\[\d+\]\._target_": "pass"}
 
 
 def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
     """Raise `ConfigError` naming the first broken rule and how to fix it (`resolve_code`: also import
     every `_target_` to check its kind; without it only the trusted prefix is checked)."""
+    _check_targets(cfg, resolve_code)
     methods = list(cfg.model.methods)
     _check_chain(cfg, methods)
     _known([m for m in cfg.transforms.passes if m != "*"], methods, "transforms.passes")
@@ -32,6 +33,7 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
     for name, m in cfg.model.methods.items():
         _check_method(f"model.methods.{name}", m)
     _check_compile(cfg, methods)
+    _check_cache(cfg)
     slots = []
     for where, entry in _targets(cfg, "cfg"):
         where = f"{where.removeprefix('cfg.')}._target_"
@@ -44,6 +46,18 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
             _check_code(entry, slot, where)
         else:
             check_prefix(str(entry._target_), where)
+
+
+def _check_targets(cfg: DictConfig, resolve_code: bool) -> None:
+    """Each build-matrix target is a whole config: its model and compile variant with the shared groups."""
+    plain: Any = OmegaConf.to_container(cfg, resolve=True)
+    for name, target in (plain.get("targets") or {}).items():
+        if not _NAME.fullmatch(str(name)):
+            raise ConfigError(f"targets.{name} is not a plain name; name targets with letters, digits, '_', '-' and '.'")
+        try:
+            validate(OmegaConf.create({**plain, **target, "targets": {}}), resolve_code)
+        except ConfigError as exc:
+            raise ConfigError(f"build target {name!r}: {exc}") from exc
 
 
 def _check_code(entry: DictConfig, slot: str, where: str) -> None:
@@ -66,6 +80,21 @@ def _check_chain(cfg: DictConfig, methods: list[str]) -> None:
         if not entry.get("_target_"):
             raise ConfigError(f"partitioners.chain[{i}] ({entry.name!r}) needs a _target_ naming its partitioner class")
         _known(entry.get("methods") or [], methods, f"partitioners.chain[{i}].methods")
+
+
+def _check_cache(cfg: DictConfig) -> None:
+    cache = cfg.get("cache")
+    if cache is None:
+        return
+    if not isinstance(cache.max_gb, (int, float)) or cache.max_gb <= 0:
+        raise ConfigError(f"cache.max_gb = {cache.max_gb!r} must be a positive number of GB (or cache=off)")
+    if cache.url is not None:
+        import fsspec
+
+        try:
+            fsspec.core.url_to_fs(str(cache.url))
+        except (ValueError, ImportError) as exc:
+            raise ConfigError(f"cache.url = {cache.url!r} is not a folder or fsspec URL this machine can open ({exc})") from exc
 
 
 def _check_names(cfg: DictConfig) -> None:

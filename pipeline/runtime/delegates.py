@@ -7,20 +7,22 @@ from typing import Any
 
 import torch
 
+from pipeline import pte
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.tensorrt import blob
-from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
+from pipeline.tensorrt.engine_runner import EngineRunner
 from pipeline.tensorrt.trt_api import available
 
 
 class TensorRTDelegate:
     """One TensorRT delegate of a method: its engine runner and its value indices."""
 
-    def __init__(self, payload: bytes, args: list[int], options: RuntimeOptions, stream: Any) -> None:
-        meta, engine = blob.decode(payload)
+    def __init__(self, payload: bytes, args: list[int], program: Any) -> None:
+        # A view of the mapped file: TensorRT deserializes straight from the page cache, no host copy.
+        meta, engine = pte.engine(program.file, payload)
         self.inputs = args[: len(meta.inputs)]
         self.outputs = args[len(meta.inputs):]
-        self.runner = EngineRunner(engine, meta.io_bindings, options, stream)
+        self.runner = EngineRunner(engine, meta.io_bindings, program.options, program.stream)
         self.fresh: frozenset[int] = frozenset()  # output positions that may go to new tensors
 
     def hand_out(self, indices: set[int]) -> None:
@@ -35,7 +37,7 @@ class TensorRTDelegate:
             values[i] = out
 
 
-def make_delegate(backend: str, payload: bytes, args: list[int], options: RuntimeOptions, stream: Any) -> Any:
+def make_delegate(backend: str, payload: bytes, args: list[int], program: Any) -> Any:
     """The executor of one delegate call.
 
     Raises:
@@ -54,4 +56,4 @@ def make_delegate(backend: str, payload: bytes, args: list[int], options: Runtim
             "this program has TensorRT delegates, which need TensorRT (`pip install -e '.[tensorrt]'` or "
             "'.[tensorrt-rtx]'); neither tensorrt nor tensorrt_rtx imports here"
         )
-    return TensorRTDelegate(payload, args, options, stream)
+    return TensorRTDelegate(payload, args, program)

@@ -17,10 +17,9 @@ from typing import Any
 
 import torch
 
-from pipeline import record
+from pipeline import dtypes, record
 from pipeline.errors import InputError, RuntimeUnavailableError
-from pipeline.pte import read
-from pipeline.record import Record
+from pipeline.pte import ProgramFile, read
 from pipeline.runtime.delegates import TensorRTDelegate, make_delegate
 from pipeline.runtime.kernels import resolve
 from pipeline.runtime.values import dtype_of, materialise
@@ -44,7 +43,7 @@ class Method:
         self.name = plan.name
         self._plan = plan
         self._program = program
-        self._values = materialise(plan, program.raw, program.external, program.device)
+        self._values = materialise(plan, program.raw, program.file.named, program.device)
         self._steps = [self._step(i) for chain in plan.chains for i in chain.instructions]
         kinds = {type(i.instr_args).__name__ for c in plan.chains for i in c.instructions}
         self._has_kernels = "KernelCall" in kinds
@@ -95,7 +94,7 @@ class Method:
         if kind == "DelegateCall":
             delegate = self._plan.delegates[call.delegate_index]
             payload = bytes(self._program.raw.backend_delegate_data[delegate.processed.index].data)
-            return make_delegate(delegate.id, payload, list(call.args), self._program.options, self._program.stream)
+            return make_delegate(delegate.id, payload, list(call.args), self._program)
         if kind == "MoveCall":
             return lambda values: values.__setitem__(call.move_to, values[call.move_from])
         if kind == "FreeCall":
@@ -191,13 +190,12 @@ class Method:
 class Program:
     """A loaded `.pte` program."""
 
-    def __init__(self, raw: Any, external: dict[str, bytes], options: RuntimeOptions, device: str | None,
-                 record: Record | None = None) -> None:
-        self.raw = raw
-        self.external = external
-        self.record = record
+    def __init__(self, file: ProgramFile, options: RuntimeOptions, device: str | None) -> None:
+        self.file = file
+        self.raw = file.program
+        self.record = file.record
         self.options = options
-        uses_trt = any(d.id == blob.BACKEND_ID for p in raw.execution_plan for d in p.delegates)
+        uses_trt = any(d.id == blob.BACKEND_ID for p in self.raw.execution_plan for d in p.delegates)
         wanted = device or ("cuda" if uses_trt and torch.cuda.is_available() else "cpu")
         self.device = torch.device(wanted)
         self.stream = torch.cuda.Stream() if self.device.type == "cuda" else None
@@ -224,7 +222,7 @@ class Program:
                 continue
             sizes = tuple(int(d) for d in val.sizes)
             dynamic = int(getattr(val.shape_dynamism, "value", val.shape_dynamism)) != 0
-            dtype = str(dtype_of(val.scalar_type)).removeprefix("torch.")
+            dtype = dtypes.name_of(dtype_of(val.scalar_type))
             out.append(TensorSpec(dtype, tuple(0 for _ in sizes) if dynamic else sizes, sizes))
         return out
 
@@ -274,4 +272,4 @@ def load(pte: str | Path, ptd: str | Path | None = None, options: RuntimeOptions
         ArtifactError: a file is malformed or not the program's own.
     """
     file = read(pte, ptd, verify)
-    return Program(file.program, file.external, options or RuntimeOptions(), device, file.record)
+    return Program(file, options or RuntimeOptions(), device)

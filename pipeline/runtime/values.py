@@ -8,24 +8,19 @@ from typing import Any
 
 import torch
 
+from pipeline import dtypes
 from pipeline.errors import RuntimeUnavailableError
-
-# ExecuTorch ScalarType numbers -> torch dtypes.
-SCALAR_TYPES = {
-    0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
-    6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16,
-}
 
 
 def dtype_of(scalar_type: Any) -> torch.dtype:
     """The torch dtype of an ExecuTorch ScalarType (enum or number)."""
-    number = int(getattr(scalar_type, "value", scalar_type))
-    if number not in SCALAR_TYPES:
+    row = dtypes.of_scalar_type(scalar_type)
+    if row is None:
         raise RuntimeUnavailableError(f"ExecuTorch scalar type {scalar_type} has no PyTorch equivalent here")
-    return SCALAR_TYPES[number]
+    return row.torch
 
 
-def materialise(plan: Any, program: Any, external: Mapping[str, bytes], device: torch.device) -> list[Any]:
+def materialise(plan: Any, program: Any, named: Mapping[str, Any], device: torch.device) -> list[Any]:
     """One Python object per value of `plan`; list values stay as index lists (resolved per call).
 
     Planned tensors are views into one arena per memory id at their planned offsets, exactly as
@@ -37,7 +32,7 @@ def materialise(plan: Any, program: Any, external: Mapping[str, bytes], device: 
         val = value.val
         kind = type(val).__name__
         if kind == "Tensor":
-            out.append(_tensor(val, program, external, device, arenas))
+            out.append(_tensor(val, program, named, device, arenas))
         elif kind == "Double":
             out.append(float(val.double_val))  # non-finite doubles come back as strings ("-inf")
         elif kind in ("Int", "Bool"):
@@ -68,7 +63,7 @@ class _IndexList:
         return [None if i < 0 else values[i] for i in self.items]
 
 
-def _tensor(t: Any, program: Any, external: Mapping[str, bytes], device: torch.device,
+def _tensor(t: Any, program: Any, named: Mapping[str, Any], device: torch.device,
             arenas: list[torch.Tensor]) -> torch.Tensor:
     dtype = dtype_of(t.scalar_type)
     sizes = [int(s) for s in t.sizes]
@@ -77,9 +72,9 @@ def _tensor(t: Any, program: Any, external: Mapping[str, bytes], device: torch.d
     info = t.extra_tensor_info
     if info is not None and getattr(info, "fully_qualified_name", None) and int(getattr(info.location, "value", 0)) == 1:
         name = info.fully_qualified_name
-        if name not in external:
+        if name not in named:
             raise RuntimeUnavailableError(f"tensor {name!r} lives in a .ptd file; pass its path to pipeline.runtime.load")
-        return _from_bytes(external[name], dtype, sizes, device)
+        return _from_bytes(named[name], dtype, sizes, device)
     if t.data_buffer_idx > 0:
         return _from_bytes(program.constant_buffer[t.data_buffer_idx].storage, dtype, sizes, device)
     if t.allocation_info is not None:

@@ -1,10 +1,12 @@
 """`TensorRTBackend`: ExecuTorch's `preprocess` for TensorRT. It builds one engine per delegated
-subgraph with the converter registry and returns the blob (see `blob.py`)."""
+subgraph with the converter registry (or takes the compile step's prebuilt engine), puts the engine
+into the program's named data and returns the blob that names it (see `blob.py`)."""
 
 from __future__ import annotations
 
 from typing import final
 
+from executorch.exir._serialize._named_data_store import NamedDataStore
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
@@ -13,7 +15,7 @@ from pipeline.errors import BlobFormatError
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.builder import build_engine
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.engine_op import build_info, decode_metadata, is_engine_call
+from pipeline.tensorrt.engine_op import is_engine_call
 from pipeline.tensorrt.network import graph_source
 
 
@@ -31,21 +33,24 @@ class TensorRTBackend(BackendDetails):
             CompileSpecError, UnsupportedOperatorError, EngineBuildError.
         """
         spec = TensorRTCompileSpec.from_compile_specs(compile_specs)
-        prebuilt = engine_blob(edge_program)
+        prebuilt = prebuilt_engine(edge_program)
         if prebuilt is not None:
-            payload, info = prebuilt
-            return PreprocessResult(processed_bytes=payload, _delegate_info_meta=info)
-        label = f"engine for method {spec.method or 'forward'!r}"
-        built = build_engine(edge_program, spec, label=label)
-        payload = blob.encode(built.engine, built.metadata)
-        info = {"build_seconds": built.build_seconds, "num_layers": built.num_layers, "engine_bytes": len(built.engine)}
-        return PreprocessResult(processed_bytes=payload, _delegate_info_meta=info)
+            engine, meta, info = prebuilt
+        else:
+            built = build_engine(edge_program, spec, label=f"engine for method {spec.method or 'forward'!r}")
+            engine, meta = built.engine, built.metadata
+            info = {"build_seconds": built.build_seconds, "num_layers": built.num_layers}
+        ref = blob.EngineRef.of(engine)
+        store = NamedDataStore()  # a `.pte` segment, or the `.ptd` (`export.write_program` decides)
+        store.add_named_data(ref.key, engine, alignment=blob.ALIGN)
+        return PreprocessResult(processed_bytes=blob.encode(ref, meta), data_store_output=store.get_named_data_store_output(),
+                                _delegate_info_meta={**info, "engine_bytes": ref.size})
 
 
-def engine_blob(program: ExportedProgram) -> tuple[bytes, dict[str, object]] | None:
-    """The blob (and build statistics) of a partition that is one prebuilt engine call, or None for a graph of ops.
-
-    Bindings are reordered into delegate-argument order (the partition's inputs and outputs).
+def prebuilt_engine(program: ExportedProgram) -> tuple[bytes, blob.BlobMetadata, dict[str, object]] | None:
+    """The engine, metadata and build statistics of a partition that is one prebuilt engine call,
+    or None for a graph of ops. Bindings are reordered into delegate-argument order (the
+    partition's inputs and outputs).
 
     Raises:
         BlobFormatError: the partition does not pass each engine input and output exactly once.
@@ -55,7 +60,7 @@ def engine_blob(program: ExportedProgram) -> tuple[bytes, dict[str, object]] | N
         return None
     (call,) = calls
     inputs, engine_node, metadata = call.args
-    meta, _ = decode_metadata(metadata)
+    meta, _ = blob.decode_op_metadata(metadata)
     sources = graph_source(program).constants
     engine = sources[engine_node.name]
     if engine is None:
@@ -73,7 +78,7 @@ def engine_blob(program: ExportedProgram) -> tuple[bytes, dict[str, object]] | N
         )
     bindings = (*[meta.inputs[names.index(u)] for u in user_inputs], *[meta.outputs[i] for i in outputs])
     out_meta = blob.BlobMetadata(io_bindings=bindings, target_platform=meta.target_platform)
-    return blob.encode(engine.cpu().numpy().tobytes(), out_meta), {**build_info(metadata), "prebuilt": True}
+    return engine.cpu().numpy().tobytes(), out_meta, {**blob.op_build_info(metadata), "prebuilt": True}
 
 
 assert TensorRTBackend.__name__ == blob.BACKEND_ID  # ExecuTorch finds backends by class name

@@ -1,49 +1,66 @@
-"""The TensorRT delegate blob: the one place that writes and reads it.
+"""The TensorRT delegate contract, written and read here only: the delegate blob and where its engine
+lives, the engine op's metadata string, the dtype names in both, and the compile-spec bytes.
 
-Layout (compatible with Torch-TensorRT's ExecuTorch integration), all little-endian:
+Blob layout (after Torch-TensorRT's ExecuTorch integration), all little-endian:
 
     offset 0   header, struct "<4sIIIQ8s" (32 bytes):
-               magic        4s   b"TR01" (b"TR02" when `aliased_io` is non-empty, so old readers refuse)
+               magic        4s   b"TR03": the engine is named data of the program (this writer)
+                                 b"TR01"/b"TR02": the engine follows the metadata inline (older
+                                 writers; TR02 when `aliased_io` is non-empty); still read
                meta_offset  u32  start of the JSON metadata (32)
                meta_size    u32  its length in bytes
-               eng_offset   u32  start of the engine, 16-byte aligned, after the metadata
+               eng_offset   u32  TR03: 0; TR01/TR02: start of the inline engine, 16-byte aligned
                eng_size     u64  engine length in bytes
                reserved     8s   first byte 1, the rest 0
     then       compact UTF-8 JSON metadata, keys in this order: io_bindings [{name, dtype, shape,
                is_input[, min, max]}] (inputs in delegate-argument order, then outputs), aliased_io
                [{output, input, kind}], hardware_compatible, device_id, serialized_metadata,
-               target_platform, engine_sha256
-    then       zero padding to eng_offset, then the serialized engine.
+               target_platform, engine_sha256, and for TR03 engine_key
+    then       TR01/TR02 only: zero padding to eng_offset, then the serialized engine.
 
-Unlike upstream, every binding carries its dtype (torch name without "torch.", e.g. "float32") and
-shape (a list whose dynamic dims are -1); an input with dynamic dims also carries `min` and `max`
-(its optimization-profile bounds, which the runtime checks), and `engine_sha256` (hex SHA-256 of
-the engine bytes) is required: `decode` refuses an engine that does not match it. The binding
-encoding below is also the engine op's (`engine_op.py`). Backend id: "TensorRTBackend".
+A TR03 engine is stored in ExecuTorch's named data (`NamedDataStore` at export, `NamedDataMap` at
+run time) under `engine_key` = "tensorrt.engine.<engine_sha256>": in a `.pte` segment, or in the
+`.ptd` when the program's data is external. Equal engines share one key, so a program stores each
+engine once however many delegates (of any method) call it. `engine_sha256` (hex SHA-256 of the
+engine) is required; an engine that does not match it is refused.
+
+Every binding carries its dtype (a name of `pipeline.dtypes`, e.g. "float32") and shape (dynamic dims
+-1); an input with dynamic dims also carries `min` and `max`, its optimization-profile bounds, which
+the runtime checks. The engine op (`engine_op.py`) carries the same bindings in its metadata string
+(`encode_op_metadata`). Compile specs are one ExecuTorch `CompileSpec` per field, its value the
+field's JSON. Backend id: "TensorRTBackend".
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import BlobFormatError
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+from pipeline import dtypes
+from pipeline.errors import BlobFormatError, CompileSpecError
 from pipeline.tensor_spec import TensorSpec
 
 BACKEND_ID = "TensorRTBackend"
-MAGIC = b"TR01"
-MAGIC_ALIASED = b"TR02"
+MAGIC = b"TR03"
+INLINE_MAGICS = (b"TR01", b"TR02")  # earlier layouts, engine inline; read, never written
+MAGICS = (MAGIC, *INLINE_MAGICS)
 HEADER = struct.Struct("<4sIIIQ8s")
 ALIGN = 16
+KEY_PREFIX = "tensorrt.engine."
 _RESERVED = b"\x01" + b"\x00" * 7
 
 
 @dataclass(frozen=True)
 class IOBinding:
-    """One engine input or output: TensorRT tensor name, torch dtype name, shape (-1: dynamic)."""
+    """One engine input or output: TensorRT tensor name, dtype name, shape (-1: dynamic)."""
 
     name: str
     dtype: str
@@ -51,6 +68,15 @@ class IOBinding:
     is_input: bool
     min_shape: tuple[int, ...] = ()  # dynamic inputs: the profile's bounds; () for static bindings
     max_shape: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, name: str, dtype: torch.dtype, shape: tuple[int, ...], is_input: bool,
+           min_shape: tuple[int, ...] = (), max_shape: tuple[int, ...] = ()) -> IOBinding:
+        return cls(name, dtypes.name_of(dtype), shape, is_input, min_shape, max_shape)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return dtype_from_name(self.dtype)
 
     @property
     def spec(self) -> TensorSpec:
@@ -92,8 +118,25 @@ class BlobMetadata:
         return tuple(b for b in self.io_bindings if not b.is_input)
 
 
-def encode(engine: bytes, meta: BlobMetadata) -> bytes:
-    """Pack an engine and its metadata into a delegate blob."""
+@dataclass(frozen=True)
+class EngineRef:
+    """Where a blob's engine is: a named-data key (TR03), or inline bytes (TR01/TR02)."""
+
+    sha256: str
+    size: int
+    key: str | None = None
+    inline: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, engine: bytes | memoryview) -> EngineRef:
+        """The reference a new blob writes for `engine` (its named-data key derives from its content)."""
+        digest = hashlib.sha256(engine).hexdigest()
+        return cls(digest, len(engine), KEY_PREFIX + digest)
+
+
+# ---- the blob ---------------------------------------------------------------------------------
+def encode(engine: EngineRef, meta: BlobMetadata) -> bytes:
+    """The delegate blob of an engine stored as named data under `engine.key` (layout TR03)."""
     doc = {
         "io_bindings": [b.to_json() for b in meta.io_bindings],
         "aliased_io": [dict(a) for a in meta.aliased_io],
@@ -101,31 +144,26 @@ def encode(engine: bytes, meta: BlobMetadata) -> bytes:
         "device_id": meta.device_id,
         "serialized_metadata": meta.serialized_metadata,
         "target_platform": meta.target_platform,
-        "engine_sha256": hashlib.sha256(engine).hexdigest(),
+        "engine_sha256": engine.sha256,
+        "engine_key": engine.key,
     }
     js = json.dumps(doc, separators=(",", ":")).encode()
-    meta_offset = HEADER.size
-    eng_offset = _align(meta_offset + len(js))
-    magic = MAGIC_ALIASED if meta.aliased_io else MAGIC
-    header = HEADER.pack(magic, meta_offset, len(js), eng_offset, len(engine), _RESERVED)
-    pad = b"\x00" * (eng_offset - meta_offset - len(js))
-    return header + js + pad + bytes(engine)
+    return HEADER.pack(MAGIC, HEADER.size, len(js), 0, engine.size, _RESERVED) + js
 
 
-def decode(blob: bytes) -> tuple[BlobMetadata, bytes]:
-    """Unpack a delegate blob.
+def decode(blob: bytes | memoryview) -> tuple[BlobMetadata, EngineRef]:
+    """Unpack a delegate blob (any layout in `MAGICS`).
 
     Returns:
-        (metadata, engine bytes).
+        (metadata, where its engine is). An inline engine (TR01/TR02) is checked against its digest here.
     Raises:
-        BlobFormatError: one message per violated bound (size, magic, offsets, alignment, JSON).
+        BlobFormatError: one message per violated bound (size, magic, offsets, alignment, JSON, digest).
     """
-    meta_offset, meta_size, eng_offset, eng_size = read_header(blob)
+    magic, meta_offset, meta_size, eng_offset, eng_size = read_header(blob)
     try:
         doc = json.loads(bytes(blob[meta_offset : meta_offset + meta_size]).decode())
-        bindings = tuple(IOBinding.from_json(b) for b in doc["io_bindings"])
         meta = BlobMetadata(
-            io_bindings=bindings,
+            io_bindings=tuple(IOBinding.from_json(b) for b in doc["io_bindings"]),
             aliased_io=tuple(doc.get("aliased_io", ())),
             hardware_compatible=bool(doc.get("hardware_compatible", False)),
             device_id=int(doc.get("device_id", 0)),
@@ -133,25 +171,39 @@ def decode(blob: bytes) -> tuple[BlobMetadata, bytes]:
             target_platform=str(doc.get("target_platform", "")),
         )
         digest = str(doc["engine_sha256"])
+        key = str(doc["engine_key"]) if magic == MAGIC else None
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BlobFormatError(f"TensorRT blob metadata is not the expected JSON ({type(exc).__name__}: {exc})") from exc
+    if key is not None:
+        if key != KEY_PREFIX + digest:
+            raise BlobFormatError(f"TensorRT blob names engine {key!r}, which is not the key of its digest {digest}")
+        return meta, EngineRef(digest, eng_size, key)
     engine = bytes(blob[eng_offset : eng_offset + eng_size])
-    if hashlib.sha256(engine).hexdigest() != digest:
-        raise BlobFormatError("TensorRT engine does not match its checksum (corrupt or altered); rebuild the program")
-    return meta, engine
+    ref = EngineRef(digest, eng_size, None, engine)
+    check_engine(ref, engine)
+    return meta, ref
 
 
-def read_header(blob: bytes) -> tuple[int, int, int, int]:
-    """Check the header against the blob's size; return (meta_offset, meta_size, eng_offset, eng_size)."""
+def read_header(blob: bytes | memoryview) -> tuple[bytes, int, int, int, int]:
+    """Check the header against the blob's size; return (magic, meta_offset, meta_size, eng_offset, eng_size)."""
     if len(blob) < HEADER.size:
         raise BlobFormatError(f"TensorRT blob is {len(blob)} bytes, shorter than its {HEADER.size}-byte header")
     magic, meta_offset, meta_size, eng_offset, eng_size, _ = HEADER.unpack_from(blob)
-    if magic not in (MAGIC, MAGIC_ALIASED):
-        raise BlobFormatError(f"TensorRT blob magic is {magic!r}, expected {MAGIC!r} or {MAGIC_ALIASED!r}")
+    if magic not in MAGICS:
+        raise BlobFormatError(
+            f"TensorRT blob magic is {magic!r}: a layout this version does not implement (it reads "
+            f"{', '.join(repr(m) for m in MAGICS)}); run the program with the pipeline version that wrote it, or rebuild it"
+        )
     if meta_offset < HEADER.size or meta_offset + meta_size > len(blob):
         raise BlobFormatError(
             f"TensorRT blob metadata [{meta_offset}, {meta_offset + meta_size}) lies outside the {len(blob)}-byte blob"
         )
+    if eng_size == 0:
+        raise BlobFormatError("TensorRT blob holds an empty engine")
+    if magic == MAGIC:
+        if eng_offset != 0 or meta_offset + meta_size != len(blob):
+            raise BlobFormatError(f"TensorRT blob (layout {MAGIC!r}) has bytes after its metadata or an inline engine offset")
+        return magic, meta_offset, meta_size, eng_offset, eng_size
     if eng_offset % ALIGN:
         raise BlobFormatError(f"TensorRT blob engine offset {eng_offset} is not {ALIGN}-byte aligned")
     if eng_offset < meta_offset + meta_size:
@@ -160,11 +212,90 @@ def read_header(blob: bytes) -> tuple[int, int, int, int]:
         raise BlobFormatError(
             f"TensorRT blob engine [{eng_offset}, {eng_offset + eng_size}) runs past the {len(blob)}-byte blob (truncated?)"
         )
-    if eng_size == 0:
-        raise BlobFormatError("TensorRT blob holds an empty engine")
-    return meta_offset, meta_size, eng_offset, eng_size
+    return magic, meta_offset, meta_size, eng_offset, eng_size
 
 
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+def engine_bytes(ref: EngineRef, named: Mapping[str, Any], checked: bool = False) -> bytes | memoryview:
+    """The engine `ref` names: inline, or a view of the program's named data (no copy).
 
+    Args:
+        named: the program's named data by key (`.pte` segments and `.ptd` entries).
+        checked: the bytes were already verified (the file holding them matched its recorded digest),
+            so they are not hashed again.
+    Raises:
+        BlobFormatError: the key is missing, or the data's size or digest is not the engine's.
+    """
+    if ref.inline is not None:
+        return ref.inline
+    assert ref.key is not None
+    data = named.get(ref.key)
+    if data is None:
+        raise BlobFormatError(f"TensorRT engine {ref.key!r} is not in the program's named data: the program keeps its "
+                              "engines in its .ptd file (pass the .ptd written with it), or the file is damaged")
+    if len(data) != ref.size:
+        raise BlobFormatError(f"TensorRT engine {ref.key!r} is {len(data)} bytes in the program's data, its blob says "
+                              f"{ref.size} (damaged file, or data of another build); rebuild the program")
+    if not checked:
+        check_engine(ref, data)
+    return data
+
+
+def check_engine(ref: EngineRef, data: bytes | memoryview) -> None:
+    if hashlib.sha256(data).hexdigest() != ref.sha256:
+        raise BlobFormatError("TensorRT engine does not match its checksum (corrupt or altered); rebuild the program")
+
+
+def is_engine_key(key: str) -> bool:
+    """Whether a named-data key is one of our engines."""
+    return key.startswith(KEY_PREFIX)
+
+
+# ---- the engine op's metadata -------------------------------------------------------------------
+def encode_op_metadata(meta: BlobMetadata, out_shapes: list[list[int | str]], build: dict[str, Any] | None = None) -> str:
+    """The engine op's metadata string: bindings, each output's shape (ints or expressions over input
+    dims such as "in0_1 + 1"), and `build` statistics for lowering reports."""
+    doc = {"io_bindings": [b.to_json() for b in meta.io_bindings], "out_shapes": out_shapes, "build": build or {}}
+    return json.dumps(doc, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=256)
+def decode_op_metadata(text: str) -> tuple[BlobMetadata, list[list[int | str]]]:
+    """Inverse of `encode_op_metadata`: (bindings as metadata, output shapes)."""
+    doc = json.loads(text)
+    bindings = tuple(IOBinding.from_json(b) for b in doc["io_bindings"])
+    return BlobMetadata(io_bindings=bindings), doc["out_shapes"]
+
+
+def op_build_info(text: str) -> dict[str, Any]:
+    """The build statistics stored in an engine op's metadata string."""
+    return dict(json.loads(text).get("build", {}))
+
+
+# ---- dtype names ----------------------------------------------------------------------------------
+def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype of a binding's dtype name."""
+    row = dtypes.by_name(name)
+    if row is None:
+        raise CompileSpecError(f"unknown dtype name {name!r} in engine bindings; expected one of {sorted(dtypes.BY_NAME)}")
+    return row.torch
+
+
+# ---- compile-spec bytes -------------------------------------------------------------------------
+def encode_compile_specs(values: Mapping[str, Any]) -> list[CompileSpec]:
+    """One ExecuTorch compile spec per field, its value the field's JSON."""
+    return [CompileSpec(k, json.dumps(v).encode()) for k, v in values.items()]
+
+
+def decode_compile_specs(specs: Iterable[CompileSpec]) -> dict[str, Any]:
+    """Inverse of `encode_compile_specs`.
+
+    Raises:
+        CompileSpecError: a value that is not JSON.
+    """
+    values: dict[str, Any] = {}
+    for spec in specs:
+        try:
+            values[spec.key] = json.loads(bytes(spec.value).decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CompileSpecError(f"compile-spec {spec.key!r} is not JSON: {exc}") from exc
+    return values

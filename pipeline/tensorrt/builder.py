@@ -1,5 +1,6 @@
 """Build a serialized TensorRT engine from an `ExportedProgram`: builder configuration from the
-compile spec (every field applied), optimization profile, timing cache, build, and timing."""
+compile spec (every field applied), optimization profile, timing cache, build, and timing; or take
+it from an engine cache (`engine_cache.py`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from torch.export import ExportedProgram
 from pipeline.errors import CompileSpecError, EngineBuildError
 from pipeline.tensorrt.blob import BlobMetadata
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.network import GraphSource, NetworkDefinition, define_network
+from pipeline.tensorrt.engine_cache import EngineCache, Entry
+from pipeline.tensorrt.network import GraphSource, NetworkDefinition, define_network, graph_source
 from pipeline.tensorrt.trt_api import flavour, trt
 
 log = logging.getLogger("pipeline.tensorrt")
@@ -126,16 +128,32 @@ def _apply_compute_capabilities(config: Any, spec: TensorRTCompileSpec) -> None:
         config.set_compute_capability(cap, i)
 
 
-def build_engine(program: ExportedProgram | GraphSource, spec: TensorRTCompileSpec, label: str = "engine") -> BuiltEngine:
-    """Convert `program` (or a graph with its constants) with the registry and build a serialized engine.
+def build_engine(program: ExportedProgram | GraphSource, spec: TensorRTCompileSpec, label: str = "engine",
+                 cache: EngineCache | None = None) -> BuiltEngine:
+    """Convert `program` (or a graph with its constants) with the registry and build a serialized
+    engine; with a `cache`, take the engine from it when it holds this one, else cache the new one.
 
     Raises:
         UnsupportedOperatorError: a node cannot be converted.
         EngineBuildError: TensorRT refused to build; the message carries TensorRT's errors.
     """
+    source = program if isinstance(program, GraphSource) else graph_source(program)
+    key = cache.key(source, spec) if cache is not None else None
+    if cache is not None and key is not None:
+        entry = cache.get(key, label)
+        if entry is not None:
+            log.info("TensorRT %s: from the engine cache (%s)", label, key[:12])
+            return BuiltEngine(entry.engine, entry.metadata, 0.0, entry.num_layers)
+    built = _build(source, spec, label)
+    if cache is not None and key is not None:
+        cache.put(key, Entry(built.engine, built.metadata, built.num_layers))
+    return built
+
+
+def _build(source: GraphSource, spec: TensorRTCompileSpec, label: str) -> BuiltEngine:
     logger = _Logger()
     builder = trt().Builder(logger.trt_logger)
-    definition = define_network(builder, program, spec)
+    definition = define_network(builder, source, spec)
     config = builder_config(builder, spec, definition)
     layers = definition.network.num_layers
     log.info("building TensorRT %s: %d layers, %s, opt level %d", label, layers, spec.precision, spec.optimization_level)

@@ -1,9 +1,8 @@
 """`TensorRTCompileSpec`: every option of one engine build, validated, and lossless to and from
-ExecuTorch `CompileSpec` lists (one entry per field, the value JSON-encoded)."""
+ExecuTorch `CompileSpec` lists (their bytes are the blob contract's, `blob.encode_compile_specs`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from pipeline.errors import CompileSpecError
+from pipeline.tensorrt import blob
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 # A dim range is [min, opt, max]; opt may be None to take the example input's size.
@@ -65,7 +65,7 @@ class TensorRTCompileSpec:
         data["dynamic_shapes"] = {k: {str(d): list(r) for d, r in v.items()} for k, v in self.dynamic_shapes.items()}
         data["target_compute_capabilities"] = list(self.target_compute_capabilities)
         data["symbol_ranges"] = {k: list(r) for k, r in self.symbol_ranges.items()}
-        return [CompileSpec(k, json.dumps(v).encode()) for k, v in data.items()]
+        return blob.encode_compile_specs(data)
 
     @classmethod
     def from_compile_specs(cls, specs: Sequence[CompileSpec]) -> TensorRTCompileSpec:
@@ -75,17 +75,12 @@ class TensorRTCompileSpec:
             CompileSpecError: an unknown key, a value that is not JSON, or an invalid value.
         """
         known = {f.name for f in fields(cls)}
-        values: dict[str, Any] = {}
         for spec in specs:
             if spec.key not in known:
                 raise CompileSpecError(
                     f"unknown TensorRT compile-spec key {spec.key!r}; expected one of {sorted(known)}"
                 )
-            try:
-                values[spec.key] = json.loads(bytes(spec.value).decode())
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise CompileSpecError(f"compile-spec {spec.key!r} is not JSON: {exc}") from exc
-        return cls(**values)
+        return cls(**blob.decode_compile_specs(specs))
 
     def for_method(self, method: str) -> TensorRTCompileSpec:
         """The same options, marked as written for `method`."""

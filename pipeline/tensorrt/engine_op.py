@@ -1,44 +1,22 @@
 """`torch.ops.tensorrt.execute_engine`: the custom op through which an engine-bearing PyTorch
-program calls a TensorRT engine. The engine bytes are a uint8 constant of the program; `metadata`
-is JSON holding the blob metadata (bindings) and each output's shape as ints or small expressions
-over input dims (`in0_1 + 1`), which the fake kernel evaluates so export and lowering can trace it.
-"""
+program calls a TensorRT engine. The engine bytes are a uint8 constant of the program; `metadata` is
+the contract's op metadata string (`blob.encode_op_metadata`): bindings, and each output's shape as
+ints or small expressions over input dims (`in0_1 + 1`), which the fake kernel evaluates so export
+and lowering can trace it."""
 
 from __future__ import annotations
 
 import ast
-import functools
-import json
 import operator
 from typing import Any
 
 import torch
 
 from pipeline.errors import RuntimeUnavailableError
-from pipeline.tensorrt.blob import BlobMetadata, IOBinding
-from pipeline.tensorrt.network import dtype_from_name
+from pipeline.tensorrt.blob import decode_op_metadata
 
 OP_NAME = "tensorrt::execute_engine"
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
-
-
-def encode_metadata(meta: BlobMetadata, out_shapes: list[list[int | str]], build: dict[str, Any] | None = None) -> str:
-    """The op's metadata string (`build`: statistics of the engine build, for lowering reports)."""
-    doc = {"io_bindings": [b.to_json() for b in meta.io_bindings], "out_shapes": out_shapes, "build": build or {}}
-    return json.dumps(doc, separators=(",", ":"))
-
-
-def build_info(text: str) -> dict[str, Any]:
-    """The build statistics stored with an engine call."""
-    return dict(json.loads(text).get("build", {}))
-
-
-@functools.lru_cache(maxsize=256)
-def decode_metadata(text: str) -> tuple[BlobMetadata, list[list[int | str]]]:
-    """Inverse of `encode_metadata`."""
-    doc = json.loads(text)
-    bindings = tuple(IOBinding.from_json(b) for b in doc["io_bindings"])
-    return BlobMetadata(io_bindings=bindings), doc["out_shapes"]
 
 
 def eval_dim(expr: int | str, inputs: list[torch.Tensor]) -> Any:
@@ -74,9 +52,9 @@ def execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, metadata: s
 
 @execute_engine.register_fake
 def _(inputs: list[torch.Tensor], engine: torch.Tensor, metadata: str) -> list[torch.Tensor]:
-    meta, shapes = decode_metadata(metadata)
+    meta, shapes = decode_op_metadata(metadata)
     return [
-        inputs[0].new_empty([eval_dim(d, inputs) for d in shape], dtype=dtype_from_name(b.dtype))
+        inputs[0].new_empty([eval_dim(d, inputs) for d in shape], dtype=b.torch_dtype)
         for b, shape in zip(meta.outputs, shapes)
     ]
 
@@ -89,7 +67,7 @@ def _runner(engine: torch.Tensor, metadata: str) -> Any:
 
     key = (engine.data_ptr(), engine.numel(), metadata)
     if key not in _RUNNERS:
-        meta, _ = decode_metadata(metadata)
+        meta, _ = decode_op_metadata(metadata)
         _RUNNERS[key] = EngineRunner(engine.cpu().numpy().tobytes(), meta.io_bindings)
     return _RUNNERS[key]
 

@@ -11,7 +11,6 @@ import torch
 
 from pipeline.errors import InputError, RuntimeUnavailableError
 from pipeline.tensorrt.blob import IOBinding
-from pipeline.tensorrt.network import dtype_from_name
 from pipeline.tensorrt.trt_api import flavour, trt
 
 
@@ -42,7 +41,7 @@ class EngineRunner:
         RuntimeUnavailableError: no CUDA device, or the engine cannot be deserialized.
     """
 
-    def __init__(self, engine: bytes, bindings: Sequence[IOBinding], options: RuntimeOptions | None = None,
+    def __init__(self, engine: bytes | memoryview, bindings: Sequence[IOBinding], options: RuntimeOptions | None = None,
                  stream: torch.cuda.Stream | None = None) -> None:
         if not torch.cuda.is_available():
             raise RuntimeUnavailableError("running a TensorRT engine needs a CUDA GPU; none is visible to PyTorch")
@@ -58,8 +57,8 @@ class EngineRunner:
         self.inputs = [b for b in bindings if b.is_input]
         self.outputs = [b for b in bindings if not b.is_input]
         self.stream = stream or torch.cuda.current_stream()
-        self._in_dtypes = [dtype_from_name(b.dtype) for b in self.inputs]
-        self._out_dtypes = [dtype_from_name(b.dtype) for b in self.outputs]
+        self._in_dtypes = [b.torch_dtype for b in self.inputs]
+        self._out_dtypes = [b.torch_dtype for b in self.outputs]
         self._shapes: dict[str, torch.Size] = {}
         self._addresses: dict[str, int] = {}
         self._out_shapes: list[tuple[int, ...]] | None = None

@@ -104,7 +104,7 @@ def _placeholder(ctx: ConversionContext, node: torch.fx.Node, sources: dict[str,
     opts = tuple(lo if opt is None else opt for lo, opt, _ in ranges)
     tensor = ctx.network.add_input(node.name, torch_to_trt(val.dtype), shape)
     bounds = (tuple(r[0] for r in ranges), tuple(r[2] for r in ranges)) if -1 in shape else ((), ())
-    bindings.append(IOBinding(node.name, _dtype_name(val.dtype), shape, True, *bounds))
+    bindings.append(IOBinding.of(node.name, val.dtype, shape, True, *bounds))
     if -1 in shape:
         profile[node.name] = (tuple(r[0] for r in ranges), opts, tuple(r[2] for r in ranges))
     return ctx.cast(tensor, ctx.compute(val.dtype))
@@ -175,16 +175,5 @@ def _mark_outputs(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IO
         ctx.network.mark_output(tensor)
         marked.add(id(tensor))
         shape = tuple(d if isinstance(d, int) else -1 for d in val.shape)
-        bindings.append(IOBinding(name, _dtype_name(val.dtype), shape, False))
+        bindings.append(IOBinding.of(name, val.dtype, shape, False))
 
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """Inverse of the dtype names in blob bindings."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise CompileSpecError(f"unknown dtype name {name!r} in engine bindings")
-    return dtype

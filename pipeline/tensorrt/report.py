@@ -26,6 +26,15 @@ def delegates(program: ExportedProgram) -> list[LoweredBackendModule]:
     return out
 
 
+def engine_of(module: LoweredBackendModule) -> tuple[blob.BlobMetadata, bytes]:
+    """The blob metadata and the engine of a lowered TensorRT delegate (the engine is the module's named data)."""
+    meta, ref = blob.decode(module.processed_bytes)
+    store = module.named_data_store_output
+    groups = [store.pte_data, *store.external_data.values()] if store is not None else []
+    named = {key: store.buffers[entry.buffer_index] for group in groups for key, entry in group.items()}  # type: ignore[union-attr]
+    return meta, bytes(blob.engine_bytes(ref, named))
+
+
 def engine_entry(module: LoweredBackendModule) -> dict[str, Any]:
     """Report entry for one delegate: backend, bytes, and for TensorRT the engine and its build."""
     entry: dict[str, Any] = {"backend": module.backend_id, "blob_bytes": len(module.processed_bytes)}
@@ -33,7 +42,8 @@ def engine_entry(module: LoweredBackendModule) -> dict[str, Any]:
         meta, engine = blob.decode(module.processed_bytes)
         info = module.meta.get("_delegate_info_meta") or {}
         entry.update(
-            engine_bytes=len(engine),
+            engine_bytes=engine.size,
+            engine_key=engine.key,
             build_seconds=None if info.get("build_seconds") is None else round(float(info["build_seconds"]), 4),
             num_layers=info.get("num_layers"),
             inputs=[{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in meta.inputs],

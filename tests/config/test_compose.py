@@ -10,11 +10,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from pipeline.config import objects
-from pipeline.config.compose import CONF_DIR, check_experiment, compose, main, write_params
+from pipeline.config.compose import CONF_DIR, check_experiment, compose, main, target_config, write_params
 from pipeline.errors import ConfigError
 
 GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in
-          ("model", "compile", "partitioners", "transforms", "serialize")}
+          ("model", "compile", "partitioners", "transforms", "serialize", "cache", "matrix")}
 
 
 @pytest.mark.parametrize("group, option", [(g, o) for g, opts in GROUPS.items() for o in opts])
@@ -33,6 +33,28 @@ def test_every_option_composes_and_instantiates(group: str, option: str) -> None
 def test_every_experiment_composes(experiment: str) -> None:
     cfg = compose([f"+experiment={experiment}"])
     assert cfg.model.name and cfg.partitioners.chain[0].name == "tensorrt"
+
+
+def test_every_matrix_target_is_a_whole_config() -> None:
+    cfg = OmegaConf.to_container(compose(["matrix=zoo", "compile.precision=bf16"]), resolve=True)
+    assert sorted(cfg["targets"]) == ["mlp_fp16", "mobilenet_v3_small_fp16", "resnet18_fp16", "tiny_decoder_fp16"]
+    for name in cfg["targets"]:
+        target = target_config(cfg, name)
+        assert target["compile"]["precision"] == "fp16" and target["targets"] == {}
+        assert target["partitioners"] == cfg["partitioners"] and f"{target['model']['name']}_fp16" == name
+        for method in target["model"]["methods"]:
+            assert objects.compile_spec(target, method).precision == "fp16"
+    with pytest.raises(ConfigError, match="no build target 'nope'"):
+        target_config(cfg, "nope")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["matrix=zoo", "targets.resnet18_fp16.compile.optimization_level=9"], "build target 'resnet18_fp16': .*optimization_level=9"),
+    (["+model@targets._a.model=mlp", "+compile@targets._a.compile=fp16"], "targets._a is not a plain name"),
+])
+def test_bad_targets_fail_at_composition(overrides: list[str], message: str) -> None:
+    with pytest.raises((ConfigError, ConfigCompositionException), match=message):
+        compose(overrides)
 
 
 def test_shared_dims_are_one_dim() -> None:

@@ -1,5 +1,5 @@
 """Programs the reliability tests damage, mismatch and misuse: a portable program whose weights live
-in a `.ptd` (runs on the CPU), and a TensorRT program whose engine lives in the `.pte`."""
+in a `.ptd` (runs on the CPU), and a TensorRT program whose engine lives in the `.pte` or the `.ptd`."""
 
 from pathlib import Path
 
@@ -35,3 +35,10 @@ def trt_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A TensorRT program (engine built on the CPU) with a dynamic batch of 1..16."""
     program = compile_method(linear(0), (torch.randn(4, 8),), TensorRTCompileSpec(), dynamic_shapes=({0: BATCH},))
     return save(program, tmp_path_factory.mktemp("trt") / "trt.pte")
+
+
+@pytest.fixture(scope="session")
+def trt_external_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same TensorRT program written with external data: its engine lives in the `.ptd`."""
+    program = compile_method(linear(0), (torch.randn(4, 8),), TensorRTCompileSpec(), dynamic_shapes=({0: BATCH},))
+    return save(program, tmp_path_factory.mktemp("trt_external") / "trt.pte", external_data=True)

@@ -9,10 +9,9 @@ import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
 
-from pipeline import pte
+from pipeline import pte, record
 from pipeline.errors import ArtifactError, BlobFormatError
 from pipeline.runtime import load
-from pipeline.tensorrt import blob
 from tests.reliability.conftest import linear, portable
 
 
@@ -41,22 +40,33 @@ def test_missing_and_unexpected_ptd_are_refused(portable_files: dict[str, Path],
         load(trt_files["pte"], portable_files["ptd"])
 
 
-def test_flipped_engine_bytes_are_refused(trt_files: dict[str, Path], tmp_path: Path) -> None:
+def _flip_engine(files: dict[str, Path]) -> None:
+    file = pte.read(files["pte"], files.get("ptd"))
+    (call,) = pte.delegate_calls(file.program)
+    engine = bytes(pte.engine(file, call.payload)[1])
+    where = files["ptd" if "ptd" in files else "pte"]
+    _flip(where, where.read_bytes().find(engine[1000:1064]), 64)
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["in-pte", "in-ptd"])
+def test_flipped_engine_bytes_are_refused(trt_files: dict[str, Path], trt_external_files: dict[str, Path],
+                                          tmp_path: Path, external: bool) -> None:
+    files = _copy(trt_external_files if external else trt_files, tmp_path)
+    _flip_engine(files)
+    message = "trt.ptd is not the .ptd that trt.pte was written with" if external else "trt.pte is corrupt"
+    with pytest.raises(ArtifactError, match=message):
+        load(files["pte"], files.get("ptd"))
+
+
+def test_engine_checksum_is_checked_without_a_record(trt_files: dict[str, Path], tmp_path: Path) -> None:
     files = _copy(trt_files, tmp_path)
-    (call,) = pte.delegate_calls(pte.read(files["pte"]).program)
-    _, engine = blob.decode(call.payload)
-    at = files["pte"].read_bytes().find(engine[1000:1064])
-    _flip(files["pte"], at, 64)
-    with pytest.raises(ArtifactError, match="trt.pte is corrupt"):
-        load(files["pte"])
-
-
-def test_blob_checks_its_engine_checksum(trt_files: dict[str, Path]) -> None:
-    (call,) = pte.delegate_calls(pte.read(trt_files["pte"]).program)
-    damaged = bytearray(call.payload)
-    damaged[-100] ^= 1
+    _flip_engine(files)
+    data = bytearray(files["pte"].read_bytes())
+    at = data.find(record.PREFIX)
+    data[at : at + len(record.PREFIX)] = b"x" * len(record.PREFIX)  # no longer a pipeline record
+    files["pte"].write_bytes(bytes(data))
     with pytest.raises(BlobFormatError, match="does not match its checksum"):
-        blob.decode(bytes(damaged))
+        load(files["pte"], verify=False)
 
 
 @pytest.mark.parametrize("offset, value, message", [

@@ -1,6 +1,6 @@
 """Fuzzing the readers: every truncation, bit flip or random rewrite of a `.pte`, `.ptd` or TensorRT
 blob either reads back as the same program or raises our `ArtifactError`; no other exception, and
-no native tool (flatc) is ever handed a damaged file. A blob on its own either fails or yields its
+no native tool (flatc) is ever handed a damaged file. A blob on its own either fails or names its
 engine unchanged."""
 
 from pathlib import Path
@@ -49,7 +49,7 @@ def _same_or_our_error(files: dict[str, Path], tmp_path: Path, which: str, mutat
     except ArtifactError as exc:
         assert str(damaged[which].name) in str(exc) or which == "ptd"
         return
-    assert loaded.program == original.program and loaded.external == original.external
+    assert loaded.program == original.program and loaded.named == original.named
 
 
 @pytest.mark.parametrize("which", ["pte", "ptd"])
@@ -66,30 +66,36 @@ def test_portable_program_files(portable_files: dict[str, Path], tmp_path_factor
     run()
 
 
-def test_tensorrt_program_file(trt_files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> None:
-    original = pte.read(trt_files["pte"])
+@pytest.mark.parametrize("layout, which", [("in-pte", "pte"), ("in-ptd", "ptd")])
+def test_tensorrt_program_files(trt_files: dict[str, Path], trt_external_files: dict[str, Path],
+                                tmp_path_factory: pytest.TempPathFactory, layout: str, which: str) -> None:
+    files = trt_files if layout == "in-pte" else trt_external_files
+    original = pte.read(files["pte"], files.get("ptd"))
     tmp = tmp_path_factory.mktemp("fuzz")
 
     @SETTINGS
-    @given(mutations(trt_files["pte"].stat().st_size))
+    @given(mutations(files[which].stat().st_size))
     def run(mutation: tuple[str, int, int, bytes]) -> None:
-        _same_or_our_error(trt_files, tmp, "pte", mutation, original)
+        _same_or_our_error(files, tmp, which, mutation, original)
 
     run()
 
 
 def test_tensorrt_blob(trt_files: dict[str, Path]) -> None:
-    (call,) = pte.delegate_calls(pte.read(trt_files["pte"]).program)
-    original = blob.decode(call.payload)
+    file = pte.read(trt_files["pte"])
+    (call,) = pte.delegate_calls(file.program)
+    _, original = blob.decode(call.payload)
 
     @SETTINGS
     @given(mutations(len(call.payload)))
     def run(mutation: tuple[str, int, int, bytes]) -> None:
         try:
-            decoded = blob.decode(_mutate(call.payload, mutation))
+            _, ref = blob.decode(_mutate(call.payload, mutation))
+            engine = blob.engine_bytes(ref, file.named, checked=True)
         except ArtifactError:
             return
-        # The engine is covered by its checksum (the metadata by the .pte's digest around it).
-        assert decoded[1] == original[1]
+        # What the blob names is covered by its key's digest and by the size of the named entry
+        # (its metadata, by the .pte's digest around it).
+        assert ref == original and engine == pte.engine(file, call.payload)[1]
 
     run()

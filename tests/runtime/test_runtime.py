@@ -115,12 +115,14 @@ def test_engine_only_methods_read_inputs_in_place_while_their_address_holds(tmp_
 
 # ---- on the GPU ----------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("precision, serialize", [("fp32", "default"), ("fp16", "external")])
 @pytest.mark.parametrize("model", ZOO)
-def test_zoo_pte_matches_eager_on_gpu(model: str, precision: str, tmp_path: Path) -> None:
-    cfg = _cfg(f"model={model}", f"compile.precision={precision}", "compile.allow_tf32=false")
+def test_zoo_pte_matches_eager_on_gpu(model: str, precision: str, serialize: str, tmp_path: Path) -> None:
+    """Engines as `.pte` segments (fp32) and in the `.ptd` (fp16), deserialized from the mapped file."""
+    cfg = _cfg(f"model={model}", f"compile.precision={precision}", "compile.allow_tf32=false", f"serialize={serialize}")
     files = run_all(cfg, tmp_path)
-    program = load(files["pte"])
+    assert ("ptd" in files) == (serialize == "external")
+    program = load(files["pte"], files.get("ptd"))
     module = objects.model(cfg)
     for method, spec in cfg["model"]["methods"].items():
         inputs = objects.example_inputs(spec, 1)
@@ -212,3 +214,16 @@ def test_engine_outputs_handed_out_without_copies_on_gpu(tmp_path: Path) -> None
         with torch.no_grad():
             assert_close(out, module(x * k), "fp32")
     assert later[0].data_ptr() != later[1].data_ptr() != held.data_ptr()
+
+
+@pytest.mark.gpu
+def test_earlier_blob_layout_runs_on_gpu() -> None:
+    """A program written before engines became named data (TR01, engine inline) still runs."""
+    legacy = Path(__file__).parents[1] / "data" / "legacy_tr01.pte"
+    torch.manual_seed(0)  # the model it was built from (tests/data: seed 0, batch 1..16)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        ref = module(x)
+    assert_not_degenerate(ref)
+    assert_close(load(legacy).method("forward").execute([x])[0], ref, "fp32", MODEL_TOLERANCE)

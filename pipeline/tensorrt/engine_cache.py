@@ -1,0 +1,235 @@
+"""The engine cache: built engines looked up by a key that covers everything an engine depends on,
+in a local folder (default) or any fsspec URL a cluster shares.
+
+The key is the SHA-256 of: the subgraph in canonical form (every node's op, target, arguments and
+value dtype/shape, every constant's bytes, the symbolic dims' ranges), every compile-spec field that
+reaches the builder (all but `method` and `timing_cache_path`), and the toolchain (TensorRT flavour
+and version, the platform, and the source of `pipeline.tensorrt`, converters included). An entry is
+`<key>.engine`: b"PEC1", a u32 length, JSON (key, engine SHA-256 and size, bindings, layers), then
+the engine. It is published atomically (written under a temporary name, then renamed), checked on
+every read (its key, size and digest; a bad entry is deleted and the engine rebuilt, never used),
+and the least recently used entries go when the cache outgrows its bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import struct
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import torch
+
+from pipeline.tensorrt import blob
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.network import GraphSource
+from pipeline.tensorrt.trt_api import flavour
+
+log = logging.getLogger("pipeline.tensorrt")
+
+MAGIC = b"PEC1"
+_LENGTH = struct.Struct("<I")
+ENV = "PIPELINE_ENGINE_CACHE"
+DEFAULT_MAX_BYTES = 20 << 30
+# Fields that do not change the engine: the method's name, and the timing cache (a build-time aid).
+_NOT_IN_KEY = {"method", "timing_cache_path"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A cached engine: what `builder.BuiltEngine` holds, less the seconds its build took."""
+
+    engine: bytes
+    metadata: blob.BlobMetadata
+    num_layers: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """One lookup: the engine's label, its key, and whether the cache had it."""
+
+    label: str
+    key: str
+    hit: bool
+
+
+@dataclass
+class EngineCache:
+    """A store of built engines (see the module docstring).
+
+    Attributes:
+        url: a folder or fsspec URL ("s3://bucket/engines", "file:///shared/engines"); default
+            `$PIPELINE_ENGINE_CACHE` or `~/.cache/trt-executorch-pipeline/engines`.
+        max_bytes: bound on the entries' total size; least recently used entries go past it.
+        toolchain: what the key says about the toolchain; default: `toolchain_id()`.
+        events: every lookup of this cache object, in order (hits and misses, for reports).
+    """
+
+    url: str | None = None
+    max_bytes: int | None = DEFAULT_MAX_BYTES
+    toolchain: str | None = None
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.url = self.url or os.environ.get(ENV) or str(Path.home() / ".cache" / "trt-executorch-pipeline" / "engines")
+        self._fs, self._root = fsspec.core.url_to_fs(self.url)
+        self._local = "file" in _protocols(self._fs)
+        self._fs.makedirs(self._root, exist_ok=True)
+
+    def key(self, source: GraphSource, spec: TensorRTCompileSpec) -> str:
+        """The key of the engine `source` builds into under `spec`."""
+        digest = hashlib.sha256()
+        digest.update((self.toolchain or toolchain_id()).encode())
+        options = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name not in _NOT_IN_KEY}
+        digest.update(repr(sorted(options.items())).encode())
+        for part in canonical_graph(source):
+            digest.update(part)
+        return digest.hexdigest()
+
+    def get(self, key: str, label: str = "engine") -> Entry | None:
+        """The entry under `key` after checking it, or None (a bad entry is deleted)."""
+        path = self._path(key)
+        try:
+            data = self._fs.cat_file(path)
+        except FileNotFoundError:
+            self.events.append(Event(label, key, False))
+            return None
+        entry = _decode(data, key)
+        if entry is None:
+            log.warning("engine cache: %s is damaged or not what its key says; deleting it and building again", path)
+            self._remove(path)
+        elif self._local:
+            os.utime(path)  # recency for eviction
+        self.events.append(Event(label, key, entry is not None))
+        return entry
+
+    def put(self, key: str, entry: Entry) -> None:
+        """Publish `entry` under `key` atomically, then keep the cache within `max_bytes`."""
+        path = self._path(key)
+        data = _encode(key, entry)
+        if self._local:
+            temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+            self._fs.pipe_file(temporary, data)
+            os.replace(temporary, path)
+        else:  # one object PUT is atomic on object stores
+            self._fs.pipe_file(path, data)
+        self.evict()
+
+    def evict(self) -> None:
+        """Delete least recently used entries until the total size is within `max_bytes`."""
+        if self.max_bytes is None:
+            return
+        entries = sorted(self._entries(), key=lambda e: e[2])
+        total = sum(size for _, size, _ in entries)
+        for path, size, _ in entries:
+            if total <= self.max_bytes:
+                break
+            self._remove(path)
+            total -= size
+
+    def _entries(self) -> Iterator[tuple[str, int, float]]:
+        for info in self._fs.ls(self._root, detail=True):
+            name = str(info["name"])
+            if name.endswith(".engine"):
+                yield name, int(info.get("size") or 0), float(info.get("mtime") or info.get("created") or 0.0)
+
+    def _path(self, key: str) -> str:
+        return f"{self._root.rstrip('/')}/{key}.engine"
+
+    def _remove(self, path: str) -> None:
+        try:
+            self._fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+
+
+@functools.cache
+def toolchain_id() -> str:
+    """TensorRT flavour and version, platform, and a digest of `pipeline.tensorrt`'s source."""
+    found = flavour()
+    code = hashlib.sha256()
+    package = Path(__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        code.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return f"{found.module}=={found.version};{platform.system()}-{platform.machine()};code={code.hexdigest()}"
+
+
+def canonical_graph(source: GraphSource) -> Iterator[bytes]:
+    """The subgraph as bytes that two equal graphs share: nodes in order with their targets,
+    arguments and value types; constants by content; the ranges of symbolic dims."""
+    symbols: set[str] = set()
+    for node in source.graph.nodes:
+        val = node.meta.get("val")
+        typed = _typed(val, symbols)
+        yield f"{node.op}|{node.name}|{node.target}|{_arg(node.args)}|{_arg(node.kwargs)}|{typed}\n".encode()
+        constant = source.constants.get(node.name) if node.op == "placeholder" else None
+        if constant is not None:
+            tensor = constant.detach().cpu().contiguous()
+            yield f"const|{tensor.dtype}|{list(tensor.shape)}|".encode()
+            yield hashlib.sha256(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"").digest()
+    for symbol, bound in sorted((str(k), v) for k, v in source.range_constraints.items()):
+        if symbol in symbols:
+            yield f"range|{symbol}|{bound.lower}|{bound.upper}\n".encode()
+
+
+def _typed(val: Any, symbols: set[str]) -> str:
+    if isinstance(val, (list, tuple)):
+        return "[" + ",".join(_typed(v, symbols) for v in val) + "]"
+    if isinstance(val, torch.Tensor):
+        dims = []
+        for size in val.shape:
+            dims.append(str(size))
+            if not isinstance(size, int):
+                symbols.update(str(s) for s in size.node.expr.free_symbols)
+        return f"{val.dtype}{dims}"
+    return type(val).__name__ if val is not None else "-"
+
+
+def _arg(value: Any) -> str:
+    if isinstance(value, torch.fx.Node):
+        return f"%{value.name}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_arg(v) for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_arg(v)}" for k, v in sorted(value.items())) + "}"
+    return repr(value)
+
+
+def _encode(key: str, entry: Entry) -> bytes:
+    doc = {"key": key, "sha256": hashlib.sha256(entry.engine).hexdigest(), "size": len(entry.engine),
+           "num_layers": entry.num_layers, "target_platform": entry.metadata.target_platform,
+           "io_bindings": [b.to_json() for b in entry.metadata.io_bindings]}
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    return MAGIC + _LENGTH.pack(len(head)) + head + entry.engine
+
+
+def _decode(data: bytes, key: str) -> Entry | None:
+    """The entry in `data` if it is whole and holds the engine `key` names; else None."""
+    try:
+        if data[:4] != MAGIC:
+            return None
+        (length,) = _LENGTH.unpack_from(data, 4)
+        doc = json.loads(data[8 : 8 + length].decode())
+        engine = data[8 + length :]
+        if doc["key"] != key or doc["size"] != len(engine) or hashlib.sha256(engine).hexdigest() != doc["sha256"]:
+            return None
+        bindings = tuple(blob.IOBinding.from_json(b) for b in doc["io_bindings"])
+        meta = blob.BlobMetadata(io_bindings=bindings, target_platform=str(doc["target_platform"]))
+        return Entry(engine, meta, int(doc["num_layers"]))
+    except (struct.error, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _protocols(fs: Any) -> set[str]:
+    protocol = fs.protocol
+    return set(protocol) if isinstance(protocol, (tuple, list)) else {protocol}
+

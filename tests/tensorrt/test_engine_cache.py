@@ -1,0 +1,147 @@
+"""The engine cache: a hit gives the engine built before, a key covers everything the engine depends
+on (and nothing else), a damaged entry is rebuilt and never used, writers race safely, the cache
+stays within its bound (least recently used goes), and any fsspec URL serves."""
+
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from pipeline.compile import compile_method
+from pipeline.config.compose import compose
+from pipeline.steps import run_compile
+from pipeline.tensorrt import blob
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.engine_cache import EngineCache, Entry
+from pipeline.tensorrt.engine_op import is_engine_call
+from pipeline.tensorrt.network import graph_source
+
+X = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+
+
+def _engines(program: Any) -> list[bytes]:
+    constants = graph_source(program).constants
+    return [bytes(constants[n.args[1].name].numpy()) for n in program.graph.nodes if is_engine_call(n)]
+
+
+def _compile(cache: EngineCache, seed: int = 0, x: torch.Tensor = X, method: str = "forward", **spec: Any) -> list[bytes]:
+    return _engines(compile_method(_model(seed), (x,), TensorRTCompileSpec(**spec), method=method, cache=cache))
+
+
+def test_second_compile_takes_the_engine_from_the_cache(tmp_path: Path) -> None:
+    cache = EngineCache(str(tmp_path))
+    first = _compile(cache)
+    again = _compile(EngineCache(str(tmp_path)))
+    assert again == first and [e.hit for e in cache.events] == [False]
+    assert len(list(tmp_path.glob("*.engine"))) == 1
+
+
+@pytest.mark.parametrize("change, hit", [
+    ({"seed": 1}, False),                       # other weights
+    ({"x": torch.randn(2, 16)}, False),         # other input shape
+    ({"precision": "fp16"}, False),             # a compile-spec field the builder reads
+    ({"optimization_level": 1}, False),
+    ({"method": "decode"}, True),               # the method's name only labels the engine
+], ids=["weights", "shape", "precision", "opt-level", "method-name"])
+def test_key_covers_what_the_engine_depends_on(tmp_path: Path, change: dict[str, Any], hit: bool) -> None:
+    _compile(EngineCache(str(tmp_path)))
+    cache = EngineCache(str(tmp_path))
+    _compile(cache, **change)
+    assert [e.hit for e in cache.events] == [hit]
+
+
+def test_toolchain_change_never_reuses_an_engine(tmp_path: Path) -> None:
+    _compile(EngineCache(str(tmp_path)))
+    other = EngineCache(str(tmp_path), toolchain="tensorrt_rtx==9.9.9;Linux-x86_64;code=0")
+    _compile(other)
+    assert [e.hit for e in other.events] == [False] and len(list(tmp_path.glob("*.engine"))) == 2
+
+
+def _damage(path: Path, how: str, other: Path) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "flipped":
+        path.write_bytes(data[:-100] + bytes([data[-100] ^ 1]) + data[-99:])
+    elif how == "empty":
+        path.write_bytes(b"")
+    else:  # another key's entry under this name
+        path.write_bytes(other.read_bytes())
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "empty", "other-key"])
+def test_damaged_entry_is_rebuilt_never_used(tmp_path: Path, how: str) -> None:
+    good = _compile(EngineCache(str(tmp_path)))
+    _compile(EngineCache(str(tmp_path)), seed=1)
+    entry, other = sorted(tmp_path.glob("*.engine"), key=lambda p: p.stat().st_mtime)
+    _damage(entry, how, other)
+    cache = EngineCache(str(tmp_path))
+    rebuilt = _compile(cache)
+    assert [e.hit for e in cache.events] == [False]
+    assert blob.EngineRef.of(rebuilt[0]).size == blob.EngineRef.of(good[0]).size  # a whole engine, built again
+    assert cache.get(cache.events[0].key) is not None  # and published again, whole
+
+
+def _entry(size: int, fill: int) -> Entry:
+    meta = blob.BlobMetadata(io_bindings=(blob.IOBinding("x", "float32", (4,), True),))
+    return Entry(bytes([fill]) * size, meta, 1)
+
+
+def _writer(url: str, worker: int, rounds: int) -> None:
+    cache = EngineCache(url, max_bytes=None)
+    for _ in range(rounds):
+        for key in ("a" * 64, "b" * 64, "c" * 64):
+            cache.put(key, _entry(1 << 20, ord(key[0])))  # the same engine from every writer
+            found = cache.get(key)
+            assert found is None or found.engine == _entry(1 << 20, ord(key[0])).engine
+
+
+def test_concurrent_writers_leave_only_whole_entries(tmp_path: Path) -> None:
+    url = str(tmp_path)
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_writer, args=(url, w, 10)) for w in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert [w.exitcode for w in workers] == [0, 0, 0, 0]
+    cache = EngineCache(url)
+    assert all(cache.get(k * 64) is not None for k in "abc") and not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_least_recently_used_entries_go_past_the_bound(tmp_path: Path) -> None:
+    cache = EngineCache(str(tmp_path), max_bytes=int(2.5 * (1 << 20)))
+    cache.put("a" * 64, _entry(1 << 20, 1))
+    time.sleep(0.05)
+    cache.put("b" * 64, _entry(1 << 20, 2))
+    time.sleep(0.05)
+    assert cache.get("a" * 64) is not None  # a is now the most recently used
+    time.sleep(0.05)
+    cache.put("c" * 64, _entry(1 << 20, 3))
+    assert {p.stem[0] for p in tmp_path.glob("*.engine")} == {"a", "c"}
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+def test_any_fsspec_url(tmp_path: Path, scheme: str) -> None:
+    url = f"memory://engines-{tmp_path.name}" if scheme == "memory" else f"file://{tmp_path}/shared"
+    first = _compile(EngineCache(url))
+    cache = EngineCache(url)
+    assert _compile(cache) == first and [e.hit for e in cache.events] == [True]
+
+
+def test_compile_step_reports_hits_and_misses(tmp_path: Path) -> None:
+    cfg: Any = OmegaConf.to_container(compose([f"cache.url={tmp_path / 'engines'}"]), resolve=True)
+    assert run_compile(cfg, tmp_path / "a")["engine_cache"] == {"hits": 0, "misses": 1}
+    assert run_compile(cfg, tmp_path / "b")["engine_cache"] == {"hits": 1, "misses": 0}
+    assert (tmp_path / "a" / "forward.pt2").read_bytes() == (tmp_path / "b" / "forward.pt2").read_bytes()
+    off: Any = OmegaConf.to_container(compose(["cache=off"]), resolve=True)
+    assert "engine_cache" not in run_compile(off, tmp_path / "c")
