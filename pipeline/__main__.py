@@ -8,6 +8,7 @@ it only when complete. Errors are one line (`PIPELINE_DEBUG=1` for tracebacks)."
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -22,13 +23,14 @@ from pipeline.config.schema import register_configs
 from pipeline.config.validate import validate
 from pipeline.files import write_json
 from pipeline.run_dir import staged
+from pipeline.sweep import objective
 
 log = logging.getLogger("pipeline")
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    """Build one config into the run directory."""
+def main(cfg: DictConfig) -> float | None:
+    """Build one config into the run directory; return the autotune objective (`sweep.objective`)."""
     out = Path(HydraConfig.get().runtime.output_dir)
     log.info("building %s (%s) into %s", cfg.model.name, cfg.compile.precision, out)
     from pipeline.steps import run_all  # torch and ExecuTorch load here, after the first line
@@ -39,7 +41,9 @@ def main(cfg: DictConfig) -> None:
         with staged(out) as tmp:
             files = run_all(container, tmp, validate=True)  # type: ignore[arg-type]
             write_json(tmp / "params.json", container)
+            metrics = json.loads(files["metrics"].read_text())
         log.info("wrote %s", ", ".join(str(out / p.relative_to(tmp)) for p in files.values()))
+    return objective(metrics, float(cfg.runtime.max_rel_error))
 
 
 def cli() -> None:

@@ -1,19 +1,22 @@
 """Results of a Hydra multirun side by side: when the sweep ends (whatever launcher ran its jobs),
 one table of every job, its overrides and the metrics the DVC stages record (`metrics.json`: sizes,
 engines, cache hits, build seconds, errors and latency where a GPU ran), written into the sweep
-directory as `summary.json` and `summary.md`. Registered as a Hydra callback in `conf/config.yaml`."""
+directory as `summary.json` and `summary.md`; and the objective an autotune (Optuna sweeper)
+minimizes. Registered as a Hydra callback in `conf/config.yaml`."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from pipeline.errors import ConfigError
 from pipeline.files import write_bytes, write_json
 
 log = logging.getLogger("pipeline")
@@ -57,8 +60,47 @@ def write_summary(sweep_dir: Path) -> list[dict[str, Any]]:
     return table
 
 
+# An autotune trial whose build misses the error bound scores this (never the best).
+PENALTY = 1e9
+
+
+def objective(metrics: Mapping[str, Any], max_rel_error: float) -> float | None:
+    """What an autotune minimizes: the build's measured milliseconds per call (summed over methods),
+    or `PENALTY` when its error against eager PyTorch exceeds `max_rel_error`; None without a GPU
+    measurement."""
+    latency = [float(v) for k, v in metrics.items() if k == "ms" or k.endswith("_ms")]
+    if not latency:
+        return None
+    error = metrics.get("rel_err")
+    return PENALTY if error is None or float(error) > max_rel_error else sum(latency)
+
+
+def check_autotune(config: DictConfig) -> None:
+    """Refuse an autotune (the Optuna sweeper) where no GPU can measure latency.
+
+    Raises:
+        ConfigError: this machine has no CUDA GPU visible to PyTorch.
+    """
+    sweeper = str(OmegaConf.select(config, "hydra.sweeper._target_") or "")
+    if "optuna" not in sweeper.lower():
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("autotune (hydra/sweeper=optuna) minimizes latency measured on a GPU, and this machine has "
+                          "none visible to PyTorch; run it on a GPU machine, or sweep with the basic, joblib or ray "
+                          "launcher (`-m` without the optuna sweeper) to build without measuring")
+
+
 class SweepSummary(Callback):
-    """Hydra callback: the sweep's summary table when a multirun ends."""
+    """Hydra callback: refuse an autotune without a GPU before any job; the sweep's summary table
+    when a multirun ends."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from pipeline.cli import reported
+
+        with reported():
+            check_autotune(config)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

@@ -1,6 +1,7 @@
 """Sweeps for real: Hydra multirun with the joblib launcher (parallel jobs on this machine) and the
 Ray launcher against a real local Ray cluster, each ending in one summary table of its jobs; a sweep
-run again takes every engine from the shared engine cache."""
+run again takes every engine from the shared engine cache; the autotune's objective, and its refusal
+where no GPU can measure."""
 
 import json
 import shutil
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.sweep import markdown, rows
+from pipeline.sweep import PENALTY, markdown, objective, rows
+from tests.helpers import GPU
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
 
 
 def _sweep(tmp: Path, name: str, *overrides: str) -> list[dict]:
@@ -26,6 +27,7 @@ def _sweep(tmp: Path, name: str, *overrides: str) -> list[dict]:
     return table
 
 
+@pytest.mark.slow
 def test_joblib_sweep_runs_jobs_side_by_side(tmp_path: Path) -> None:
     table = _sweep(tmp_path, "joblib", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "compile.precision=fp32,fp16")
     assert [(r["job"], r["overrides"], r["status"]) for r in table] == [
@@ -51,6 +53,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         subprocess.run([ray, "stop", "--force"], capture_output=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_ray_sweep_on_a_local_cluster_shares_engines(ray_cluster: str, tmp_path: Path) -> None:
     overrides = ("hydra/launcher=ray_cluster", f"hydra.launcher.ray.init.address={ray_cluster}",
                  "compile.precision=fp32,fp16")
@@ -61,3 +64,23 @@ def test_ray_sweep_on_a_local_cluster_shares_engines(ray_cluster: str, tmp_path:
     warm = _sweep(tmp_path, "warm", *overrides)
     assert all(r["cache_hits"] == r["engines"] == 1 for r in warm)  # every engine from the shared cache
     assert [r["pte_mb"] for r in warm] == [r["pte_mb"] for r in cold]
+
+
+@pytest.mark.parametrize("metrics, expected", [
+    ({"ms": 0.25, "rel_err": 0.004}, 0.25),
+    ({"prefill_ms": 0.1, "decode_ms": 0.05, "rel_err": 0.01}, 0.15),
+    ({"ms": 0.2, "rel_err": 0.5}, PENALTY),      # fast but wrong: never the best
+    ({"ms": 0.2}, PENALTY),                      # no error measured
+    ({"pte_mb": 1.0, "rel_err": 0.001}, None),   # nothing timed (no GPU)
+])
+def test_autotune_objective(metrics: dict, expected: float | None) -> None:
+    assert objective(metrics, 0.02) == (pytest.approx(expected) if expected is not None else None)
+
+
+@pytest.mark.skipif(GPU, reason="the refusal is for machines without a GPU")
+def test_autotune_refuses_without_a_gpu_before_any_trial(tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", exc_type=ImportError)
+    result = subprocess.run([sys.executable, "-m", "pipeline", "-m", "+experiment=autotune", f"hydra.sweep.dir={tmp_path / 'at'}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "autotune (hydra/sweeper=optuna) minimizes latency measured on a GPU" in result.stderr
+    assert not (tmp_path / "at").exists()

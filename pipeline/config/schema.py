@@ -106,6 +106,7 @@ class RuntimeConfig:
     cuda_graph: bool = False
     runtime_cache_path: str | None = None
     validation_seed: int = 1
+    max_rel_error: float = 0.02  # an autotune counts only builds within this of eager PyTorch
 
 
 @dataclass

@@ -140,8 +140,9 @@ def test_any_fsspec_url(tmp_path: Path, scheme: str) -> None:
 
 def test_compile_step_reports_hits_and_misses(tmp_path: Path) -> None:
     cfg: Any = OmegaConf.to_container(compose([f"cache.url={tmp_path / 'engines'}"]), resolve=True)
-    assert run_compile(cfg, tmp_path / "a")["engine_cache"] == {"hits": 0, "misses": 1}
-    assert run_compile(cfg, tmp_path / "b")["engine_cache"] == {"hits": 1, "misses": 0}
+    label = "engine 1/1 of method 'forward'"
+    assert run_compile(cfg, tmp_path / "a")["engine_cache"] == {"hits": 0, "misses": 1, "engines": {label: "miss"}}
+    assert run_compile(cfg, tmp_path / "b")["engine_cache"] == {"hits": 1, "misses": 0, "engines": {label: "hit"}}
     assert (tmp_path / "a" / "forward.pt2").read_bytes() == (tmp_path / "b" / "forward.pt2").read_bytes()
     off: Any = OmegaConf.to_container(compose(["cache=off"]), resolve=True)
     assert "engine_cache" not in run_compile(off, tmp_path / "c")
