@@ -17,7 +17,7 @@ from pipeline.errors import CompileSpecError, ConfigError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Where code may be named, and which kind of code each place takes.
-_SLOTS = {r"(targets\.[^.\[]+\.)?model\._target_": "model", r"partitioners\.chain\[\d+\]\._target_": "partitioner",
+_SLOTS = {r"model\._target_": "model", r"partitioners\.chain\[\d+\]\._target_": "partitioner",
           r"transforms\.passes\.[^.\[]+\[\d+\]\._target_": "pass"}
 
 
@@ -35,7 +35,8 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
     _check_compile(cfg, methods)
     _check_cache(cfg)
     slots = []
-    for where, entry in _targets(cfg, "cfg"):
+    for where, entry in _targets(OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "targets"]), "cfg"):
+        # (each matrix target was checked as a whole config above, its code slots included)
         where = f"{where.removeprefix('cfg.')}._target_"
         slot = next((s for pattern, s in _SLOTS.items() if re.fullmatch(pattern, where)), None)
         if slot is None:

@@ -20,7 +20,6 @@ import logging
 import os
 import platform
 import struct
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import fsspec
 import torch
 
+from pipeline.files import write_bytes
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.network import GraphSource
@@ -116,10 +116,8 @@ class EngineCache:
         """Publish `entry` under `key` atomically, then keep the cache within `max_bytes`."""
         path = self._path(key)
         data = _encode(key, entry)
-        if self._local:
-            temporary = f"{path}.tmp-{uuid.uuid4().hex}"
-            self._fs.pipe_file(temporary, data)
-            os.replace(temporary, path)
+        if self._local:  # a temporary named by pid, renamed; what a killed writer left goes with the next write
+            write_bytes(path, data)
         else:  # one object PUT is atomic on object stores
             self._fs.pipe_file(path, data)
         self.evict()
