@@ -12,16 +12,16 @@ from typing import Any
 import sympy
 import torch
 from torch.export import ExportedProgram
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from pipeline.errors import UnsupportedOperatorError
 from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
 from pipeline.tensorrt.builder import build_engine
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.constant_fold import attr, fold_constants
 from pipeline.tensorrt.engine_cache import EngineCache
 from pipeline.tensorrt.network import GraphSource
-from pipeline.tensorrt.partitioner import is_operator, preserved_ops, symbol_ranges
-from pipeline.tensorrt.support import TensorRTOperatorSupport
+from pipeline.tensorrt.partitioner import RECORD_KEY, is_operator, mark_refused, preserved_ops, propose, symbol_ranges
 
 log = logging.getLogger("pipeline.compile")
 
@@ -48,10 +48,20 @@ def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec:
     program = torch.export.export(module.eval(), args, dynamic_shapes=dynamic_shapes).run_decompositions(table)
     spec = spec.with_symbol_ranges(symbol_ranges(program, spec))
     gm = program.module()
+    _drop_metadata_asserts(gm)
+    fold_constants(gm)
     engines = _replace_partitions(gm, program.range_constraints, spec, method, cache)
     log.info("method %r: %d TensorRT engine(s)", method, engines)
     flat_args = torch.utils._pytree.tree_leaves(args)
     return torch.export.export(gm, tuple(flat_args), dynamic_shapes=_flat_dims(program))
+
+
+def _drop_metadata_asserts(gm: torch.fx.GraphModule) -> None:
+    """Remove dtype/device assertions (`_assert_tensor_metadata`): export checked them, they hold for
+    every input the program accepts, and they compute nothing."""
+    for node in list(gm.graph.nodes):
+        if node.target is torch.ops.aten._assert_tensor_metadata.default and not node.users:
+            gm.graph.erase_node(node)
 
 
 def _flat_dims(program: ExportedProgram) -> tuple[dict[int, Any], ...] | None:
@@ -76,17 +86,9 @@ def _flat_dims(program: ExportedProgram) -> tuple[dict[int, Any], ...] | None:
 
 def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: TensorRTCompileSpec, method: str,
                         cache: EngineCache | None) -> int:
-    support = TensorRTOperatorSupport(spec)
-    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
-    partitions = [p for p in partitioner.propose_partitions()
-                  if sum(is_operator(n) for n in p.nodes) >= spec.min_block_size]
-    # Nodes in graph order (the partitioner's own order varies run to run), so each engine's inputs
-    # and outputs, and with them its bytes, are the same for the same program.
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    for p in partitions:
-        p.nodes = {n: p.nodes[n] for n in sorted(p.nodes, key=order.__getitem__)}
-    partitions.sort(key=lambda p: min(order[n] for n in p.nodes))
-    fused = partitioner.fuse_partitions(partitions)
+    blocks, refused = propose(gm, spec)
+    mark_refused(gm, refused)
+    fused = fuse_by_partitions(gm, [dict.fromkeys(block) for block in blocks], prefix="fused_")
     calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
     for count, node in enumerate(calls):  # the label is the progress line: "engine 3/12 of method ..."
         _replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}", cache)
@@ -107,7 +109,7 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
         assert isinstance(arg, torch.fx.Node)
         ph.meta.setdefault("val", arg.meta.get("val"))
         if arg.op == "get_attr":
-            constants[ph.name] = _attr(gm, str(arg.target))
+            constants[ph.name] = attr(gm, str(arg.target))
         else:
             constants[ph.name] = None
             runtime_args.append(arg)
@@ -125,6 +127,7 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
         engine_node = gm.graph.get_attr(name)
         result = gm.graph.call_function(torch.ops.tensorrt.execute_engine.default, (runtime_args, engine_node, metadata))
         result.meta["val"] = [o.meta["val"] for o in outputs]
+        result.meta["custom"] = {RECORD_KEY: {"claimed": [n.name for n in sub.graph.nodes if is_operator(n)]}}
     _rewire(gm, call, result, sub)
 
 
@@ -155,13 +158,6 @@ def _rematerialize_symints(gm: torch.fx.GraphModule, call: torch.fx.Node, sub: t
     output.args = (tuple(keep),)
     sub.graph.eliminate_dead_code()
     sub.recompile()
-
-
-def _attr(gm: torch.nn.Module, target: str) -> torch.Tensor:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _outputs(sub: torch.fx.GraphModule) -> list[torch.fx.Node]:

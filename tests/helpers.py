@@ -156,18 +156,20 @@ class Fn(torch.nn.Module):
 
 
 class Mixed(torch.nn.Module):
-    """conv2d -> relu -> [conv1d: no TensorRT] -> linear -> [cumsum: no backend] -> tanh."""
+    """linear -> relu -> [conv1d: XNNPACK or portable] -> linear -> [cumsum: portable] -> tanh, when
+    compiled with `MIXED_SPEC`, which keeps convolutions and cumsum out of TensorRT."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
-        self.conv1d = torch.nn.Conv1d(4, 4, 3, padding=1)
+        self.pre = torch.nn.Linear(64, 64)
+        self.conv1d = torch.nn.Conv1d(3, 4, 3, padding=1)
         self.fc = torch.nn.Linear(64, 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.relu(self.conv(x)).flatten(2)  # [1, 4, 64]
-        h = self.fc(self.conv1d(h) * 2)
+        h = torch.relu(self.pre(x.flatten(2)))  # [1, 3, 64]
+        h = self.fc(self.conv1d(h) * 2)  # [1, 4, 16]
         return torch.tanh(torch.cumsum(h, dim=-1)) + 1
 
 
 MIXED_INPUT = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+MIXED_SPEC = TensorRTCompileSpec(torch_executed_ops=("aten.convolution", "aten.cumsum"))

@@ -12,7 +12,7 @@ from pipeline.models.decoder import MethodView, tiny_decoder
 from pipeline.tensorrt.blob import decode_op_metadata
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_op import is_engine_call
-from tests.helpers import GPU, Mixed, assert_close
+from tests.helpers import GPU, MIXED_SPEC, Mixed, assert_close
 from tests.helpers import MIXED_INPUT as X
 
 
@@ -21,7 +21,7 @@ def _calls(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
 
 
 def test_engines_are_op_calls_with_constant_payloads(tmp_path: Path) -> None:
-    program = compile_method(Mixed(), (X,))
+    program = compile_method(Mixed(), (X,), MIXED_SPEC)
     calls = _calls(program)
     assert len(calls) == 3  # conv1d and cumsum split the graph
     buffers = program.graph_signature.inputs_to_buffers

@@ -18,12 +18,12 @@ from pipeline.tensorrt import blob
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.partitioner import TensorRTPartitioner
 from tests.helpers import MIXED_INPUT as X
-from tests.helpers import Mixed
+from tests.helpers import MIXED_SPEC, Mixed
 
 
 @pytest.fixture(scope="module")
 def mixed() -> torch.export.ExportedProgram:
-    return compile_method(Mixed(), (X,))
+    return compile_method(Mixed(), (X,), MIXED_SPEC)
 
 
 @pytest.fixture(scope="module")

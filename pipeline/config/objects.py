@@ -15,7 +15,7 @@ from pipeline import dtypes
 from pipeline.config.targets import locate
 from pipeline.errors import ConfigError
 from pipeline.models.decoder import MethodView
-from pipeline.models.registry import is_torchvision_builder
+from pipeline.models.registry import download_reason
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_cache import EngineCache
 
@@ -52,12 +52,13 @@ def model_kwargs(factory: Any, section: Mapping[str, Any]) -> dict[str, Any]:
 
 def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
     """The model of the config, with weights from its seed (passed as `seed=` to factories that take
-    it, else set as PyTorch's seed for the call). Nothing is downloaded: torchvision `weights` must be null."""
+    it, else set as PyTorch's seed for the call). Nothing is downloaded: no pretrained weights."""
     factory = locate(str(cfg["model"]["_target_"]), "model", "model._target_")
     kwargs = model_kwargs(factory, cfg["model"])
-    if is_torchvision_builder(factory) and any(kwargs.get(k) is not None for k in ("weights", "weights_backbone")):
-        raise ConfigError("model.kwargs names pretrained torchvision weights, which would be downloaded; builds use "
-                          "seeded random weights (leave weights null)")
+    download = download_reason(factory, kwargs)
+    if download:
+        raise ConfigError(f"model.kwargs {download}, which would be downloaded; builds use seeded random weights "
+                          "(leave weights null, pretrained false)")
     if "seed" in kwargs:
         built = build(factory, kwargs, "model._target_")
     else:

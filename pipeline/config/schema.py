@@ -57,6 +57,7 @@ class CompileConfig:
     optimization_level: int = 3
     workspace_bytes: int | None = None
     min_block_size: int = 1
+    torch_executed_ops: list[str] = field(default_factory=list)  # e.g. ["aten.cumsum"]: run outside TensorRT
     timing_cache_path: str | None = None
     target_compute_capabilities: list[str] = field(default_factory=list)
     dynamic_shapes: dict[str, dict[int, list[Any]]] = field(default_factory=dict)

@@ -17,10 +17,11 @@ from typing import Any
 
 from pipeline.errors import ConfigError
 
-TRUSTED_MODULES = ("pipeline.", "torchvision.models.", "executorch.backends.", "executorch.exir.passes.")
+TRUSTED_MODULES = ("pipeline.", "torchvision.models.", "timm.", "executorch.backends.", "executorch.exir.passes.")
 ENV = "PIPELINE_TRUSTED_MODULES"
 SLOTS = {
-    "model": "an nn.Module class or a registered model factory (@pipeline.models.registry.model_factory)",
+    "model": "an nn.Module class, a model factory (torchvision's or timm's builders, timm.create_model, "
+             "@pipeline.models.registry.model_factory) or a function of a module you trust via $PIPELINE_TRUSTED_MODULES",
     "partitioner": "an ExecuTorch Partitioner class",
     "pass": "a graph pass class (a subclass of torch.fx PassBase, e.g. executorch's ExportPass)",
 }

@@ -1,8 +1,11 @@
-"""Model factories a config may name: functions marked `@model_factory` here, and torchvision's own
-registered model builders. (An `nn.Module` class needs no mark: its kind is plain.)"""
+"""Model factories a config may name: functions marked `@model_factory`, torchvision's registered model
+builders, `timm.create_model` and timm's registered models, and any function of a module the person
+running the command trusts through `$PIPELINE_TRUSTED_MODULES` (their own code). An `nn.Module` class
+needs no mark. The pipeline seeds every factory's weights; factories need no `seed` argument."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,9 +20,11 @@ def model_factory(fn: F) -> F:
 
 
 def is_model_factory(obj: Any) -> bool:
-    """Whether `obj` is a marked factory or one of torchvision's registered model builders."""
-    if obj in _FACTORIES:
-        return True
+    """Whether a config's `model._target_` may name function `obj`."""
+    return obj in _FACTORIES or is_torchvision_builder(obj) or is_timm_builder(obj) or _user_function(obj)
+
+
+def is_torchvision_builder(obj: Any) -> bool:
     if not getattr(obj, "__module__", "").startswith("torchvision.models"):
         return False
     from torchvision.models import get_model_builder, list_models
@@ -27,5 +32,26 @@ def is_model_factory(obj: Any) -> bool:
     return any(obj is get_model_builder(name) for name in list_models())
 
 
-def is_torchvision_builder(obj: Any) -> bool:
-    return obj not in _FACTORIES and is_model_factory(obj)
+def is_timm_builder(obj: Any) -> bool:
+    if not getattr(obj, "__module__", "").startswith("timm."):
+        return False
+    import timm
+
+    return obj is timm.create_model or (timm.is_model(obj.__name__) and timm.models.model_entrypoint(obj.__name__) is obj)
+
+
+def download_reason(obj: Any, kwargs: dict[str, Any]) -> str | None:
+    """Why these kwargs would make factory `obj` download weights, or None."""
+    if is_torchvision_builder(obj) and any(kwargs.get(k) is not None for k in ("weights", "weights_backbone")):
+        return "names pretrained torchvision weights"
+    if is_timm_builder(obj) and (kwargs.get("pretrained") or kwargs.get("pretrained_cfg_overlay")):
+        return "asks timm for pretrained weights"
+    return None
+
+
+def _user_function(obj: Any) -> bool:
+    from pipeline.config.targets import TRUSTED_MODULES, trusted_prefixes
+
+    module = getattr(obj, "__module__", None) or ""
+    own = [p for p in trusted_prefixes() if p not in TRUSTED_MODULES]
+    return inspect.isfunction(obj) and f"{module}.".startswith(tuple(own))

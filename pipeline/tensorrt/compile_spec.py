@@ -3,6 +3,7 @@ ExecuTorch `CompileSpec` lists (their bytes are the blob contract's, `blob.encod
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -19,6 +20,7 @@ DimRange = tuple[int, int | None, int]
 # Compile-spec key that names the method a spec was written for (a partitioner shared across
 # methods must not carry another method's spec).
 METHOD_KEY = "method"
+_OP_NAME = re.compile(r"aten\.[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)?")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class TensorRTCompileSpec:
         optimization_level: builder optimization level, 0..5.
         workspace_bytes: workspace memory-pool limit; None leaves TensorRT's default.
         min_block_size: smallest number of compute nodes worth an engine of their own.
+        torch_executed_ops: ATen ops kept out of TensorRT, as "aten.<op>" (every overload) or
+            "aten.<op>.<overload>"; the next partitioner in the chain, or a portable kernel, runs them.
         timing_cache_path: timing cache file read before and written after each build.
         target_compute_capabilities: e.g. ["8.9", "9.0"] (TensorRT-RTX only); empty: builder default.
         dynamic_shapes: program input name -> {dim index -> [min, opt, max]}.
@@ -46,6 +50,7 @@ class TensorRTCompileSpec:
     optimization_level: int = 3
     workspace_bytes: int | None = None
     min_block_size: int = 1
+    torch_executed_ops: tuple[str, ...] = ()
     timing_cache_path: str | None = None
     target_compute_capabilities: tuple[str, ...] = ()
     dynamic_shapes: Mapping[str, Mapping[int, DimRange]] = field(default_factory=dict)
@@ -55,6 +60,7 @@ class TensorRTCompileSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_compute_capabilities", tuple(self.target_compute_capabilities))
+        object.__setattr__(self, "torch_executed_ops", tuple(self.torch_executed_ops))
         object.__setattr__(self, "dynamic_shapes", _normalise_ranges(self.dynamic_shapes))
         object.__setattr__(self, "symbol_ranges", _normalise_ranges({"": self.symbol_ranges}, keys=str)[""])
         _validate(self)
@@ -64,6 +70,7 @@ class TensorRTCompileSpec:
         data = asdict(self)
         data["dynamic_shapes"] = {k: {str(d): list(r) for d, r in v.items()} for k, v in self.dynamic_shapes.items()}
         data["target_compute_capabilities"] = list(self.target_compute_capabilities)
+        data["torch_executed_ops"] = list(self.torch_executed_ops)
         data["symbol_ranges"] = {k: list(r) for k, r in self.symbol_ranges.items()}
         return blob.encode_compile_specs(data)
 
@@ -132,6 +139,10 @@ def _validate(spec: TensorRTCompileSpec) -> None:
         raise CompileSpecError(f"workspace_bytes={spec.workspace_bytes!r} must be a positive integer or null")
     if not isinstance(spec.min_block_size, int) or spec.min_block_size < 1:
         raise CompileSpecError(f"min_block_size={spec.min_block_size!r} must be an integer >= 1")
+    for op in spec.torch_executed_ops:
+        if not isinstance(op, str) or not _OP_NAME.fullmatch(op):
+            raise CompileSpecError(f"torch_executed_ops entry {op!r} must name an ATen op like 'aten.cumsum' or "
+                                   "'aten.cumsum.default'")
     if spec.max_aux_streams is not None and (not isinstance(spec.max_aux_streams, int) or spec.max_aux_streams < 0):
         raise CompileSpecError(f"max_aux_streams={spec.max_aux_streams!r} must be an integer >= 0 or null")
     _validate_targets_and_ranges(spec)

@@ -20,15 +20,62 @@ from pipeline.tensorrt.blob import BACKEND_ID
 from pipeline.tensorrt.compile_spec import DimRange, TensorRTCompileSpec
 from pipeline.tensorrt.converters.registry import SYMINT_BUILTINS, aten_op, lookup, supported_ops
 from pipeline.tensorrt.engine_op import is_engine_call
-from pipeline.tensorrt.support import TensorRTOperatorSupport, refusal_reason
+from pipeline.tensorrt.support import TensorRTOperatorSupport
+
+# Where the compile step keeps its partitioning with the program (`node.meta["custom"]`, which
+# torch.export saves and ExecuTorch's decompositions pass on): on an engine call
+# {"claimed": [node names]}, on a node left outside {"refused": reason}.
+RECORD_KEY = "tensorrt"
 
 
 @dataclass
 class PartitionRecord:
-    """What one `partition()` call decided: claimed nodes per tag, refused nodes with reasons."""
+    """What one partitioning pass decided: claimed nodes per tag, refused nodes with their op and reason."""
 
     claimed: dict[str, list[str]] = field(default_factory=dict)
     refused: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def propose(graph_module: torch.fx.GraphModule, spec: TensorRTCompileSpec) -> tuple[list[list[torch.fx.Node]], dict[str, dict[str, str]]]:
+    """The one partitioning pass: maximal connected blocks of nodes TensorRT takes, in graph order,
+    that reach `spec.min_block_size`, and every node refused (op and reason: no converter, a
+    validator's reason, or a block too small)."""
+    support = TensorRTOperatorSupport(spec)
+    proposals = CapabilityBasedPartitioner(graph_module, support, allows_single_node_partition=True).propose_partitions()
+    # Nodes in graph order (the partitioner's own order varies run to run), so each engine's inputs
+    # and outputs, and with them its bytes, are the same for the same program.
+    order = {n: i for i, n in enumerate(graph_module.graph.nodes)}
+    by_name = {n.name: n for n in order}
+    refused = {name: {"op": _name(by_name[name].target), "reason": why} for name, why in support.refused.items()}
+    blocks = []
+    for partition in sorted(proposals, key=lambda p: min(order[n] for n in p.nodes)):
+        nodes = sorted(partition.nodes, key=order.__getitem__)
+        # A size computed only for nodes outside stays outside (engines return tensors).
+        inside = set(nodes)
+        nodes = [n for n in nodes if _is_tensor(n) or any(u in inside for u in n.users)]
+        ops = [n for n in nodes if is_operator(n)]
+        if len(ops) < spec.min_block_size:
+            why = f"in a block of {len(ops)} operator(s), below min_block_size={spec.min_block_size}"
+            refused.update((n.name, {"op": _name(n.target), "reason": why}) for n in ops)
+            continue
+        blocks.append(nodes)
+    return blocks, refused
+
+
+def mark_refused(graph_module: torch.fx.GraphModule, refused: dict[str, dict[str, str]]) -> None:
+    """Keep each refusal's reason on its node, for the report of the lowered program."""
+    for node in graph_module.graph.nodes:
+        if node.name in refused:
+            node.meta.setdefault("custom", {})[RECORD_KEY] = {"refused": refused[node.name]["reason"]}
+
+
+def _is_tensor(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in val))
+
+
+def _kept(node: torch.fx.Node) -> dict[str, Any]:
+    return (node.meta.get("custom") or {}).get(RECORD_KEY) or {}
 
 
 class TensorRTPartitioner(Partitioner):
@@ -53,17 +100,21 @@ class TensorRTPartitioner(Partitioner):
     def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[Any], Any]:
         """Compute ops with a converter that the default decomposition would otherwise break up.
 
-        The filter keeps a node whole only if TensorRT accepts it and did not refuse it while
-        partitioning (ExecuTorch asks again after lowering to check nothing preserved is left).
+        The filter keeps a node whole only if it lies in a block TensorRT will claim (the same
+        partitioning pass, `propose`) and was not refused while partitioning (ExecuTorch asks again
+        after lowering to check nothing preserved is left).
         """
         from executorch.exir.tracer import _default_decomposition_table
 
         if not self.claim_ops:  # it claims engine calls only: keeping ops whole would strand them
             return [], None
         keep = preserved_ops(_default_decomposition_table())
+        spec = self.compile_spec.with_symbol_ranges(symbol_ranges(ep, self.compile_spec))
+        blocks, _ = propose(ep.graph_module, spec)
+        claimable = {n.name for block in blocks for n in block}  # a node in a block too small is decomposed
 
         def accept(node: torch.fx.Node) -> bool:
-            return refusal_reason(node, self.compile_spec) is None and node.name not in self.record.refused
+            return node.name in claimable and node.name not in self.record.refused
 
         return keep, accept
 
@@ -81,7 +132,9 @@ class TensorRTPartitioner(Partitioner):
                 for user in node.users:  # the getitems of its outputs
                     user.meta["delegation_tag"] = tag
                 tags[tag] = DelegationSpec(BACKEND_ID, spec.to_compile_specs())
-                record.claimed[tag] = [node.name]
+                record.claimed[tag] = list(_kept(node).get("claimed", [node.name]))
+            elif node.op == "call_function" and "refused" in _kept(node):  # the compile step's refusal
+                record.refused[node.name] = {"op": _name(node.target), "reason": _kept(node)["refused"]}
         if self.claim_ops:
             self._claim_ops(graph_module, spec, tags, record)
         tag_constant_data(exported_program)
@@ -90,24 +143,14 @@ class TensorRTPartitioner(Partitioner):
 
     def _claim_ops(self, graph_module: torch.fx.GraphModule, spec: TensorRTCompileSpec, tags: dict[str, DelegationSpec],
                    record: PartitionRecord) -> None:
-        support = TensorRTOperatorSupport(self.compile_spec)
-        proposals = CapabilityBasedPartitioner(graph_module, support, allows_single_node_partition=True).propose_partitions()
-        order = {n: i for i, n in enumerate(graph_module.graph.nodes)}
-        by_name = {n.name: n for n in order}
-        record.refused = {name: {"op": _name(by_name[name].target), "reason": why} for name, why in support.refused.items()}
-        for partition in sorted(proposals, key=lambda p: min(order[n] for n in p.nodes)):
-            nodes = sorted(partition.nodes, key=order.__getitem__)
-            ops = [n for n in nodes if is_operator(n)]
-            if len(ops) < self.compile_spec.min_block_size:
-                why = f"in a block of {len(ops)} operator(s), below min_block_size={self.compile_spec.min_block_size}"
-                for n in ops:
-                    record.refused[n.name] = {"op": _name(n.target), "reason": why}
-                continue
+        blocks, refused = propose(graph_module, spec)
+        record.refused.update(refused)
+        for nodes in blocks:
             tag = f"tensorrt_{len(tags)}"
             for n in nodes:
                 n.meta["delegation_tag"] = tag
             tags[tag] = DelegationSpec(BACKEND_ID, spec.to_compile_specs())
-            record.claimed[tag] = [n.name for n in ops]
+            record.claimed[tag] = [n.name for n in nodes if is_operator(n)]
 
 
 _DATA_MOVEMENT = ("converters.shape", "converters.tensor_copy", "converters.creation")

@@ -23,9 +23,12 @@ def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None
         return f"{node.op} nodes are not operators"
     if node.target is operator.getitem:
         return None
+    name = _op_name(node.target)
+    if spec.torch_executed_ops and (name in spec.torch_executed_ops or name.rsplit(".", 1)[0] in spec.torch_executed_ops):
+        return f"kept out of TensorRT by compile spec torch_executed_ops ({name})"
     record = lookup(node.target)
     if record is None:
-        return f"no TensorRT converter for {_op_name(node.target)}"
+        return f"no TensorRT converter for {name}"
     for value in _tensor_values(node):
         if value.dtype not in _ENGINE_DTYPES:
             return f"dtype {value.dtype} is not supported by TensorRT"

@@ -63,7 +63,7 @@ def test_composed_params_cannot_widen_the_trusted_modules(tmp_path: Path) -> Non
     (_chain("pipeline.steps.run_all"), "is a function, but this slot takes an ExecuTorch Partitioner"),
     ("++transforms.passes={forward: [{_target_: pipeline.models.mlp.MLP}]}", "is a class MLP, but this slot takes a graph pass class"),
     ("++transforms.passes={forward: [{_target_: " + XNNPACK + "}]}", "this slot takes a graph pass class"),
-    ("model._target_=pipeline.steps.manifest", "is a function, but this slot takes an nn.Module class or a registered model factory"),
+    ("model._target_=pipeline.steps.manifest", "is a function, but this slot takes an nn.Module class, a model factory"),
     ("model._target_=pipeline.transforms.RemoveDeadCode", "this slot takes an nn.Module class"),
     ("model._target_=os.system", "outside the trusted modules"),
     ("+model.kwargs.inner={_target_: pipeline.files.write_json}", "only model, partitioners and transforms entries name code"),
@@ -94,6 +94,24 @@ def test_torchvision_builders_take_a_seed_and_never_download() -> None:
     cfg["model"]["kwargs"]["weights"] = "DEFAULT"
     with pytest.raises(ConfigError, match="would be downloaded"):
         objects.model(cfg)
+
+
+def test_plain_factories_timm_and_the_users_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = OmegaConf.to_container(compose(["model._target_=timm.create_model", "+model.kwargs.model_name=lcnet_050",
+                                          "+model.kwargs.num_classes=5", "model.methods.forward.inputs=[{shape: [1, 3, 64, 64]}]"]),
+                                 resolve=True)
+    first, second = objects.model(cfg), objects.model(cfg)  # seeded by the pipeline: the same weights twice
+    assert all(bool((a == b).all()) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    cfg["model"]["kwargs"]["pretrained"] = True
+    with pytest.raises(ConfigError, match="pretrained weights, which would be downloaded"):
+        objects.model(cfg)
+    (tmp_path / "userzoo.py").write_text("import torch\ndef make(width):\n    return torch.nn.Linear(64, width)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="outside the trusted modules"):
+        compose(["model._target_=userzoo.make", "+model.kwargs.width=3"])
+    monkeypatch.setenv(ENV, "userzoo")
+    cfg = OmegaConf.to_container(compose(["model._target_=userzoo.make", "+model.kwargs.width=3"]), resolve=True)
+    assert objects.model(cfg).out_features == 3
 
 
 @pytest.mark.parametrize("function", ["load_state_dict", "_apply", "__reduce__", "state_dict", "nothing_here"])

@@ -7,7 +7,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from pipeline import pte
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.report import lowering_report
-from tests.helpers import MIXED_INPUT, Mixed, leftover_ops, lower, tensorrt_blobs
+from tests.helpers import MIXED_INPUT, MIXED_SPEC, Mixed, leftover_ops, lower, tensorrt_blobs
 
 X = MIXED_INPUT
 
@@ -21,16 +21,16 @@ def _counts(edge) -> dict:  # type: ignore[no-untyped-def]
 
 
 def test_split_with_portable_fallback() -> None:
-    edge, part = lower(Mixed(), (X,))
+    edge, part = lower(Mixed(), (X,), MIXED_SPEC)
     left = " ".join(leftover_ops(edge))
     assert "convolution" in left and "cumsum" in left
     assert len(tensorrt_blobs(edge)) >= 2
-    assert any("2-D and 3-D" in r["reason"] for r in part.record.refused.values())
+    assert any("torch_executed_ops (aten.convolution.default)" in r["reason"] for r in part.record.refused.values())
     assert _counts(edge) == {"TensorRTBackend": len(tensorrt_blobs(edge))}
 
 
 def test_split_with_xnnpack_after_tensorrt() -> None:
-    edge, part = lower(Mixed(), (X,), after=[XnnpackPartitioner()])
+    edge, part = lower(Mixed(), (X,), MIXED_SPEC, after=[XnnpackPartitioner()])
     left = " ".join(leftover_ops(edge))
     assert "cumsum" in left and "convolution" not in left
     report = lowering_report(edge._edge_programs, {"forward": part.record})["forward"]
@@ -38,7 +38,7 @@ def test_split_with_xnnpack_after_tensorrt() -> None:
     assert counts.get("XnnpackBackend", 0) >= 1 and counts["TensorRTBackend"] >= 2
     assert report["num_engines"] == counts["TensorRTBackend"]
     assert [d["backend"] for d in report["other_delegates"]] == ["XnnpackBackend"] * counts["XnnpackBackend"]
-    assert any(item["op"] == "aten.cumsum.default" and "no TensorRT converter" in item["reason"] for item in report["left_over"])
+    assert any(item["op"] == "aten.cumsum.default" and "torch_executed_ops" in item["reason"] for item in report["left_over"])
     assert report["engine_bytes"] > 0 and report["build_seconds"] > 0
 
 

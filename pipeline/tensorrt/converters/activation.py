@@ -125,3 +125,20 @@ def log_softmax(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwarg
     return elementwise(ctx, ew_ops().SUB, shifted, unary(ctx, total.get_output(0), unary_ops().LOG))
 
 
+
+
+@converter(aten.elu.default, validator=_FLOAT)
+def elu(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """scale * (x > 0 ? x : alpha * (exp(input_scale * x) - 1)); ELU, SELU and CELU all come here."""
+    alpha, scale, input_scale = (float(v.arg(node, i, n, d)) for i, n, d in ((1, "alpha", 1.0), (2, "scale", 1.0),
+                                                                           (3, "input_scale", 1.0)))
+    x = args[0]
+    if input_scale != 1.0:  # elu(k x) / k on the negative side: alpha (exp(k x) - 1) = elu_alpha(k x) there
+        x = elementwise(ctx, ew_ops().PROD, x, ctx.tensor(input_scale, like=x))
+    y = activation(ctx, x, _act().ELU, alpha=alpha)
+    if input_scale != 1.0:  # the positive side must stay x, not k x
+        y = ctx.network.add_select(
+            elementwise(ctx, ew_ops().GREATER, args[0], ctx.tensor(0.0, like=args[0])), args[0], y).get_output(0)
+    if scale != 1.0:
+        y = elementwise(ctx, ew_ops().PROD, y, ctx.tensor(scale, like=y))
+    return y

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -154,6 +155,16 @@ _unary_converter("RECIP", aten.reciprocal.default)
 _unary_converter("FLOOR", aten.floor.default)
 _unary_converter("CEIL", aten.ceil.default)
 _unary_converter("ROUND", aten.round.default)  # both round half to even
+_unary_converter("TAN", aten.tan.default)
+_unary_converter("ASIN", aten.asin.default)
+_unary_converter("ACOS", aten.acos.default)
+_unary_converter("ATAN", aten.atan.default)
+_unary_converter("SINH", aten.sinh.default)
+_unary_converter("COSH", aten.cosh.default)
+_unary_converter("ASINH", aten.asinh.default)
+_unary_converter("ACOSH", aten.acosh.default)
+_unary_converter("ATANH", aten.atanh.default)
+_unary_converter("SIGN", aten.sign.default, floats_only=False)
 _unary_converter("NEG", aten.neg.default, floats_only=False)
 _unary_converter("ABS", aten.abs.default, floats_only=False)
 
@@ -161,3 +172,64 @@ _unary_converter("ABS", aten.abs.default, floats_only=False)
 @converter(aten.rsqrt.default, validator=v.tensor_dtypes(v.FLOAT_DTYPES))
 def rsqrt(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return unary(ctx, unary(ctx, args[0], unary_ops().SQRT), unary_ops().RECIP)
+
+
+def _plus_one(ctx: ConversionContext, x: Any, sign: float) -> Any:
+    return elementwise(ctx, ew_ops().SUM, x, ctx.tensor(sign, like=x))
+
+
+@converter(aten.expm1.default, validator=v.FLOAT_ONLY)
+def expm1(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _plus_one(ctx, unary(ctx, args[0], unary_ops().EXP), -1.0)
+
+
+@converter(aten.log1p.default, validator=v.FLOAT_ONLY)
+def log1p(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return unary(ctx, _plus_one(ctx, args[0], 1.0), unary_ops().LOG)
+
+
+@converter(aten.log2.default, aten.log10.default, validator=v.FLOAT_ONLY)
+def log_base(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    base = 2.0 if "log2" in str(node.target) else 10.0
+    log = unary(ctx, args[0], unary_ops().LOG)
+    return elementwise(ctx, ew_ops().PROD, log, ctx.tensor(1.0 / math.log(base), like=log))
+
+
+def _trunc(ctx: ConversionContext, x: Any) -> Any:
+    """Round toward zero: floor of |x| with x's sign."""
+    return elementwise(ctx, ew_ops().PROD, unary(ctx, unary(ctx, x, unary_ops().ABS), unary_ops().FLOOR),
+                       unary(ctx, x, unary_ops().SIGN))
+
+
+@converter(aten.trunc.default, validator=v.FLOAT_ONLY)
+def trunc(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _trunc(ctx, args[0])
+
+
+@converter(aten.remainder.Scalar, aten.remainder.Tensor, aten.fmod.Scalar, aten.fmod.Tensor, validator=v.FLOAT_ONLY)
+def remainder(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """x - q * y with q = floor(x / y) (remainder: the divisor's sign) or trunc(x / y) (fmod: the dividend's)."""
+    a, b = promoted(ctx, node, args[0], args[1], ctx.node_dtype(node))
+    q = elementwise(ctx, ew_ops().DIV, a, b)
+    q = unary(ctx, q, unary_ops().FLOOR) if "remainder" in str(node.target) else _trunc(ctx, q)
+    return elementwise(ctx, ew_ops().SUB, a, elementwise(ctx, ew_ops().PROD, q, b))
+
+
+_BOOL = v.tensor_dtypes({torch.bool})
+_LOGICAL = {"bitwise_and": "AND", "bitwise_or": "OR", "bitwise_xor": "XOR"}
+
+
+@converter(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor, validator=_BOOL)
+def bitwise_bool(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = promoted(ctx, node, args[0], args[1], torch.bool)
+    return elementwise(ctx, getattr(ew_ops(), _LOGICAL[str(node.target).split(".")[1]]), a, b)
+
+
+@converter(aten.bitwise_not.default, validator=_BOOL)
+def bitwise_not(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return unary(ctx, args[0], unary_ops().NOT)
+
+
+@converter(aten.isnan.default, validator=v.FLOAT_ONLY)
+def isnan(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return unary(ctx, args[0], unary_ops().ISNAN)

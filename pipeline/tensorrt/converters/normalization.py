@@ -1,4 +1,4 @@
-"""Converters for batch norm (inference) and layer norm."""
+"""Converters for batch norm (running or batch statistics: instance norm comes here), layer norm and group norm."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import elementwise, ew_ops, unary, unary_ops, unsqueeze_to
+from pipeline.tensorrt.converters._layers import axes_mask, elementwise, ew_ops, unary, unary_ops, unsqueeze_to
 from pipeline.tensorrt.converters.registry import aten_op, converter
+from pipeline.tensorrt.trt_api import trt
 
 aten = torch.ops.aten
 Node = torch.fx.Node
@@ -102,3 +103,59 @@ def layer_norm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs
     return (out, None, None) if "native" in str(node.target) else out
 
 
+
+
+def _group_norm_ok(node: Node, spec: Any) -> str | None:
+    if not _only_first_output_used(node):
+        return "group-norm mean/rstd outputs are used"
+    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
+    if len(shape) < 2 or not isinstance(shape[1], int):
+        return "group norm needs a static channel dim"
+    return v.FLOAT_ONLY(node, spec)
+
+
+@converter(aten.native_group_norm.default, validator=_group_norm_ok)
+def group_norm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Normalize each group of channels (as a layer norm over [C/G, spatial...]), then scale and shift per channel."""
+    x, weight, bias, groups, eps = args[0], args[1], args[2], int(args[6]), float(args[7])
+    dtype = ctx.node_dtype(node)
+    x = ctx.cast(x, dtype)
+    rank = len(x.shape)
+    dims = ctx.dims(x)
+    grouped = ctx.reshape(x, [dims[0], groups, -1])
+    ones = ctx.constant(torch.ones(1, 1, 1), dtype)
+    layer = ctx.network.add_normalization(grouped, ones, ctx.constant(torch.zeros(1, 1, 1), dtype), 1 << 2)
+    layer.epsilon = eps
+    y = ctx.reshape(layer.get_output(0), dims)
+    if weight is not None:
+        y = elementwise(ctx, ew_ops().PROD, y, _per_channel(ctx, weight, rank, dtype))
+    if bias is not None:
+        y = elementwise(ctx, ew_ops().SUM, y, _per_channel(ctx, bias, rank, dtype))
+    return (y, None, None)
+
+
+_BATCH_STATS_OK = v.all_of(v.FLOAT_ONLY, v.rank_between(2, 5),
+                           v.predicate(_only_first_output_used, "batch-norm statistics outputs are used"))
+
+
+@converter(aten._native_batch_norm_legit.no_stats, validator=_BATCH_STATS_OK)
+def batch_norm_batch_stats(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Batch norm on the statistics of this batch (every dim but the channels), as instance norm
+    and weight standardization compute it."""
+    x, weight, bias, eps = args[0], args[1], args[2], float(args[5])
+    dtype = ctx.node_dtype(node)
+    x = ctx.cast(x, dtype)
+    rank = len(x.shape)
+    mask = axes_mask([d for d in range(rank) if d != 1], rank)
+    mean = ctx.network.add_reduce(x, trt().ReduceOperation.AVG, mask, True).get_output(0)
+    centered = elementwise(ctx, ew_ops().SUB, x, mean)
+    variance = ctx.network.add_reduce(elementwise(ctx, ew_ops().PROD, centered, centered), trt().ReduceOperation.AVG,
+                                      mask, True).get_output(0)
+    inv_std = unary(ctx, unary(ctx, elementwise(ctx, ew_ops().SUM, variance, ctx.tensor(eps, like=variance)),
+                               unary_ops().SQRT), unary_ops().RECIP)
+    y = elementwise(ctx, ew_ops().PROD, centered, inv_std)
+    if weight is not None:
+        y = elementwise(ctx, ew_ops().PROD, y, _per_channel(ctx, weight, rank, dtype))
+    if bias is not None:
+        y = elementwise(ctx, ew_ops().SUM, y, _per_channel(ctx, bias, rank, dtype))
+    return (y, None, None)

@@ -109,6 +109,7 @@ def _load_converters() -> None:
         creation,
         elementwise,
         embedding,
+        indexing,
         linear,
         normalization,
         pooling,

@@ -1,5 +1,5 @@
 """Converters that move data without arithmetic: view/reshape, permute, transpose, expand,
-squeeze/unsqueeze, flatten, cat, slice, select, pixel_shuffle, and symbolic sizes."""
+squeeze/unsqueeze, flatten, cat, slice, select, flip, pixel_shuffle, and symbolic sizes."""
 
 from __future__ import annotations
 
@@ -258,3 +258,15 @@ def split(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dic
         outs.append(_slice_layer(ctx, x, starts, extent, [1] * rank))
         start += int(size)
     return tuple(outs)
+
+
+@converter(aten.flip.default)
+def flip(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A slice that starts at the last element of each flipped dim and steps back."""
+    x = args[0]
+    rank = len(x.shape)
+    axes = {norm_dim(int(d), rank) for d in args[1]}
+    sizes = ctx.dims(x)
+    starts = [_int_expr(ctx, sizes[i], 1, "SUB") if i in axes else 0 for i in range(rank)]
+    strides = [-1 if i in axes else 1 for i in range(rank)]
+    return _slice_layer(ctx, x, starts, sizes, strides)

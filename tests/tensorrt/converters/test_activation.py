@@ -10,6 +10,12 @@ torch.manual_seed(0)
 X = torch.randn(2, 8, 5) * 3
 
 CASES = {
+    "elu": lambda m, x: F.elu(x, 0.7),
+    "selu": lambda m, x: F.selu(x),
+    "celu": lambda m, x: F.celu(x, 1.5),
+    "softplus": lambda m, x: F.softplus(x),
+    "mish": lambda m, x: F.mish(x),
+    "logsigmoid": lambda m, x: F.logsigmoid(x),
     "relu": lambda m, x: torch.relu(x),
     "gelu": lambda m, x: F.gelu(x),
     "gelu_tanh": lambda m, x: F.gelu(x, approximate="tanh"),

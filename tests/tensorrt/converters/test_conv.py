@@ -34,9 +34,16 @@ def test_honours_precision(precision: str) -> None:
     check_converter(torch.nn.Conv2d(8, 4, 3, padding=1), (X,), precision=precision)
 
 
-def test_refuses_1d_convolution() -> None:
-    reasons = refusal(torch.nn.Conv1d(4, 4, 3), (torch.randn(1, 4, 10),))
-    assert "2-D and 3-D" in reasons["aten.convolution.default"]
+@pytest.mark.parametrize("kwargs", [{}, {"stride": 2, "padding": 1}, {"padding": 2, "dilation": 2, "groups": 2}])
+def test_1d_convolution(kwargs: dict) -> None:
+    check_converter(torch.nn.Conv1d(4, 6, 3, **kwargs), (torch.randn(2, 4, 17),))
+
+
+def test_1d_convolution_fp16_dynamic_length() -> None:
+    length = torch.export.Dim("length", min=8, max=64)
+    check_converter(torch.nn.Conv1d(4, 6, 3, padding=1), (torch.randn(2, 4, 17),), precision="fp16",
+                    dynamic_shapes=({2: length},))
+    check_converter(torch.nn.ConvTranspose1d(4, 6, 3, stride=2), (torch.randn(2, 4, 17),))
 
 
 def test_refuses_transposed_output_padding() -> None:

@@ -10,6 +10,18 @@ A, B = torch.randn(2, 3, 4), torch.randn(3, 4)
 POS = torch.rand(2, 3, 4) + 0.5
 
 CASES = {
+    "tan": (lambda m, a: torch.tan(a * 0.5), (A,)),
+    "asin_acos_atan": (lambda m, a: torch.asin(a.clamp(-0.9, 0.9)) + torch.acos(a.clamp(-0.9, 0.9)) + torch.atan(a), (A,)),
+    "hyperbolic": (lambda m, a: torch.sinh(a) + torch.cosh(a) + torch.asinh(a) + torch.atanh(a.clamp(-0.9, 0.9)), (A,)),
+    "acosh": (lambda m, a: torch.acosh(a + 1.5), (POS,)),
+    "sign": (lambda m, a: torch.sign(a) * 2, (A,)),
+    "expm1_log1p": (lambda m, a: torch.expm1(a) + torch.log1p(a), (POS,)),
+    "log2_log10": (lambda m, a: torch.log2(a) + torch.log10(a), (POS,)),
+    "trunc": (lambda m, a: torch.trunc(a * 3), (A,)),
+    "remainder": (lambda m, a: torch.remainder(a * 3, 0.7), (A,)),
+    "fmod": (lambda m, a, b: torch.fmod(a * 3, b), (A, POS[0])),
+    "bitwise_bool": (lambda m, a, b: ((a > 0) & (b > 0)) | ((a > 1) ^ ~(b < 0)), (A, B)),
+    "isnan": (lambda m, a: torch.isnan(torch.log(a)), (A,)),
     "add_broadcast": (lambda m, a, b: a + b, (A, B)),
     "add_alpha_scalar": (lambda m, a: torch.add(a, 2.0, alpha=3), (A,)),
     "add_int32": (lambda m, a, b: a + b, (torch.randint(-5, 5, (4, 3), dtype=torch.int32), torch.randint(-5, 5, (4, 3), dtype=torch.int32))),

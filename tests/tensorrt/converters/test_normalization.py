@@ -80,3 +80,28 @@ def test_batch_norm_stays_when_convolution_output_is_used_elsewhere() -> None:
     layers, _ = network_layers(module.eval(), torch.randn(2, 3, 8, 8))
     assert sum("ELEMENTWISE" in t for t in layers) >= 3, layers  # scale, shift, the sum
     check_converter(module.eval(), (torch.randn(2, 3, 8, 8),))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_group_norm(groups: int, precision: str) -> None:
+    norm = torch.nn.GroupNorm(groups, 4)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 4))
+        norm.bias.copy_(torch.linspace(-1.0, 1.0, 4))
+    check_converter(norm, (torch.randn(2, 4, 5, 6) * 3 + 1,), precision=precision)
+
+
+def test_group_norm_dynamic_batch_and_3d_input() -> None:
+    batch = torch.export.Dim("batch", min=1, max=8)
+    check_converter(torch.nn.GroupNorm(2, 6), (torch.randn(2, 6, 10),), dynamic_shapes=({0: batch},))
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_instance_norm(affine: bool) -> None:
+    norm = torch.nn.InstanceNorm2d(4, affine=affine)
+    if affine:
+        with torch.no_grad():
+            norm.weight.copy_(torch.linspace(0.5, 2.0, 4))
+            norm.bias.copy_(torch.linspace(-1.0, 1.0, 4))
+    check_converter(norm, (torch.randn(2, 4, 5, 6) * 3 + 1,))

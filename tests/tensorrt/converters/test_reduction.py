@@ -16,6 +16,22 @@ CASES = {
     "sum_all": lambda m, x: x.sum(),
     "amax": lambda m, x: x.amax(-1),
     "amin": lambda m, x: x.amin((0, 2), keepdim=True),
+    "cumsum": lambda m, x: x.cumsum(1),
+    "prod": lambda m, x: x.prod(-1),
+    "max_dim": lambda m, x: x.max(1).values + x.min(-1, keepdim=True).values.sum(),
+    "max_dim_indices": lambda m, x: x.max(1).indices,
+    "argmax": lambda m, x: x.argmax(-1) + x.argmin(),
+    "max_all": lambda m, x: x.max() - x.min(),
+    "any": lambda m, x: (x > 1).any(-1),
+    "all": lambda m, x: (x > -1).all(),
+    "topk": lambda m, x: x.topk(2, -1).values,
+    "topk_indices": lambda m, x: x.topk(3, 1, largest=False).indices,
+    "var": lambda m, x: x.var(-1) + x.std((1, 2), keepdim=True).sum(),
+    "var_mean": lambda m, x: torch.var_mean(x, -1, correction=0)[0],
+    "norm": lambda m, x: torch.linalg.vector_norm(x, dim=-1) + x.norm(p=1, dim=1).sum(),
+    "normalize": lambda m, x: torch.nn.functional.normalize(x, dim=-1),
+    "norm_inf_p3": lambda m, x: torch.linalg.vector_norm(x, float("inf"), dim=-1) + torch.linalg.vector_norm(x, 3, dim=-1),
+    "cumsum_last": lambda m, x: torch.cumsum(x, -1) - x,
 }
 
 
@@ -32,3 +48,10 @@ def test_honours_precision(precision: str) -> None:
 def test_refuses_integer_mean_input() -> None:
     reasons = refusal(Fn(lambda m, x: x.sum(0, dtype=torch.float32).mean()), (torch.ones(3, dtype=torch.bool),))
     assert any("dtype bool" in r for r in reasons.values()), reasons
+
+
+def test_cumsum_integer_fp16_and_dynamic() -> None:
+    check_converter(Fn(lambda m, x: x.cumsum(-1)), (torch.randint(0, 5, (3, 7)),))
+    check_converter(Fn(lambda m, x: x.cumsum(1)), (X,), precision="fp16")
+    batch = torch.export.Dim("batch", min=2, max=16)
+    check_converter(Fn(lambda m, x: x.cumsum(1)), (X,), dynamic_shapes=(({0: batch},),))

@@ -13,6 +13,7 @@ torch.manual_seed(0)
 X = torch.randn(2, 3, 4, 6)
 
 CASES = {
+    "flip": lambda m, x: x.flip(-1, 1) * 2,
     "view": lambda m, x: x.view(6, 24) * 2,
     "reshape_infer": lambda m, x: x.reshape(2, -1) * 2,
     "permute": lambda m, x: x.permute(0, 2, 3, 1) * 2,

@@ -1,0 +1,211 @@
+"""Build the coverage suite through the pipeline's own steps (the config path a user's build takes,
+`steps.run_all`), each model in a process of its own, `jobs` at a time, and write the table.
+
+A model's row is kept under `<out>/rows/`, keyed by its config, the precision, the toolchain and the
+pipeline's code: a second run builds only what changed. A model that fails, crashes or runs past
+`timeout` gets a row saying so; the others go on."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from pipeline.coverage.suite import Entry
+from pipeline.files import write_bytes, write_json
+
+log = logging.getLogger("pipeline.coverage")
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def row_key(entry: Entry, precision: str) -> str:
+    """What a row depends on: the model's config section, the precision, the toolchain and the code."""
+    from pipeline.tensorrt.engine_cache import toolchain_id
+
+    digest = hashlib.sha256(json.dumps([entry.model, precision, toolchain_id(), _code(), _versions()], sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def build_row(entry: Entry, precision: str, keep: Path | None = None) -> dict[str, Any]:
+    """Build one suite model into a `.pte` (in `keep`, or a temporary folder) and return its row."""
+    from omegaconf import OmegaConf, open_dict
+
+    from pipeline import steps
+    from pipeline.config.compose import compose
+    from pipeline.config.schema import ModelConfig
+    from pipeline.config.validate import validate
+
+    cfg = compose([] if precision == "fp32" else [f"compile.precision={precision}"])
+    with open_dict(cfg):
+        cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), entry.model)
+    validate(cfg)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="coverage-") as tmp:
+        files = steps.run_all(cfg, Path(tmp))
+        report = json.loads((Path(tmp) / "report.json").read_text())
+        seconds = time.perf_counter() - start
+        pte_mb = sum(p.stat().st_size for p in files.values()) / 1e6
+        if keep is not None:  # the program and its report; the intermediate programs go
+            shutil.rmtree(keep, ignore_errors=True)
+            keep.mkdir(parents=True)
+            shutil.move(Path(tmp) / "program", keep / "program")
+            shutil.move(Path(tmp) / "report.json", keep / "report.json")
+    left = [item for method in report.values() for item in method["left_over"]]
+    return {
+        "model": entry.name, "source": entry.source, "precision": precision, "status": "ok",
+        "lowered_whole": not left,
+        "engines": sum(m["num_engines"] for m in report.values()),
+        "left_outside": dict(sorted(Counter(f"{i['op']}: {i['reason']}" for i in left).items())),
+        "build_s": round(seconds, 1), "pte_mb": round(pte_mb, 2),
+    }
+
+
+def run_suite(entries: Iterable[Entry], precision: str, out: Path, jobs: int = 2, timeout: float = 3600,
+              keep: bool = False, deadline: float | None = None,
+              after: Callable[[Entry], None] | None = None) -> list[dict[str, Any]]:
+    """Rows of every entry (built, or kept from an earlier run with the same key); writes the table.
+
+    Args:
+        keep: keep each program under `<out>/programs/<model>/<precision>/`.
+        deadline: seconds after which no further build starts (the rows so far are returned).
+        after: also run in each build's process, after the build (e.g. a reference build); picklable.
+    """
+    entries = list(entries)
+    begun = time.monotonic()
+    rows: dict[str, dict[str, Any]] = {}
+    todo = []
+    for entry in entries:
+        key = row_key(entry, precision)
+        path = out / "rows" / f"{entry.name.replace('/', '__')}.{precision}.json"
+        kept = json.loads(path.read_text()) if path.exists() else None
+        if kept is not None and kept.get("key") == key and kept["row"]["status"] == "ok":
+            rows[entry.name] = kept["row"]
+        else:
+            todo.append((entry, key, path))
+    log.info("coverage: %d model(s) to build, %d kept from earlier runs", len(todo), len(rows))
+    # A fresh interpreter per build: forking would copy a CUDA context the parent may hold, and a
+    # crash or leak of one build cannot touch the next.
+    spawn = multiprocessing.get_context("spawn")
+    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+    running: list[tuple[Entry, str, Path, Any, float]] = []
+    while todo or running:
+        if deadline is not None and time.monotonic() - begun > deadline and todo:
+            log.info("coverage: deadline reached, %d model(s) not started; run again to continue", len(todo))
+            todo.clear()
+        while todo and len(running) < jobs:
+            entry, key, path = todo.pop(0)
+            log.info("coverage: building %s (%s)", entry.name, precision)
+            programs = out / "programs" / entry.name.replace("/", "__") / precision if keep else None
+            proc = spawn.Process(target=_build_child, args=(entry, precision, key, path, programs, threads, after))
+            proc.start()
+            running.append((entry, key, path, proc, time.monotonic()))
+        time.sleep(0.2)
+        for item in list(running):
+            entry, key, path, proc, started = item
+            seconds = time.monotonic() - started
+            if proc.is_alive() and seconds < timeout:
+                continue
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+            running.remove(item)
+            if proc.exitcode != 0 or not path.exists():
+                why = (f"timed out after {timeout:.0f} s" if seconds >= timeout else
+                       f"crashed ({_exit(proc.exitcode)})")
+                write_json(path, {"key": key, "row": _failed(entry, precision, why, seconds)})
+            rows[entry.name] = json.loads(path.read_text())["row"]
+            log.info("coverage: %s %s", entry.name, _status(rows[entry.name]))
+    ordered = [rows[e.name] for e in dict.fromkeys(entries) if e.name in rows]
+    write_table(ordered, precision, out)
+    return ordered
+
+
+def _build_child(entry: Entry, precision: str, key: str, path: Path, programs: Path | None, threads: int,
+                 after: Callable[[Entry], None] | None) -> None:
+    """One build in its own process: writes its row (a failure is a row too); only a crash leaves none."""
+    import torch
+
+    torch.set_num_threads(threads)
+    logging.getLogger("pipeline").setLevel(logging.WARNING)
+    start = time.perf_counter()
+    try:
+        row = build_row(entry, precision, programs)
+    except Exception as exc:  # the row records any failure; the suite goes on
+        first = (str(exc).strip().splitlines() or [""])[0]
+        row = _failed(entry, precision, f"{type(exc).__name__}: {first[:400]}", time.perf_counter() - start)
+    write_json(path, {"key": key, "row": row})
+    if after is not None:
+        after(entry)
+
+
+def _failed(entry: Entry, precision: str, why: str, seconds: float) -> dict[str, Any]:
+    return {"model": entry.name, "source": entry.source, "precision": precision, "status": why,
+            "lowered_whole": False, "engines": 0, "left_outside": {}, "build_s": round(seconds, 1), "pte_mb": 0.0}
+
+
+def _exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        return f"{name}{', likely out of memory' if code == -signal.SIGKILL else ''}"
+    return f"exit code {code}"
+
+
+def _status(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"FAILED: {row['status']}"
+    return "lowered whole" if row["lowered_whole"] else f"{len(row['left_outside'])} op kind(s) left outside"
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The numbers DVC shows for a suite run."""
+    whole = sum(r["lowered_whole"] for r in rows)
+    return {"models": len(rows), "lowered_whole": whole, "failed": sum(r["status"] != "ok" for r in rows),
+            "lowered_whole_pct": round(100.0 * whole / len(rows), 1) if rows else 0.0}
+
+
+def write_table(rows: list[dict[str, Any]], precision: str, out: Path) -> None:
+    """`<out>/coverage-<precision>.json` (summary and rows, for DVC) and `.md` (the table)."""
+    write_json(out / f"coverage-{precision}.json", {"summary": summary(rows), "rows": rows})
+    s = summary(rows)
+    lines = [f"{s['lowered_whole']} of {s['models']} models ({s['lowered_whole_pct']} %) lowered whole at {precision}; "
+             f"{s['failed']} failed.", "",
+             "| model | precision | lowered whole | engines | ops left outside (reason) | build s | .pte MB |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        outside = "; ".join(f"{k} (x{n})" for k, n in r["left_outside"].items()) if r["status"] == "ok" else r["status"]
+        lines.append(f"| {r['model']} | {r['precision']} | {'yes' if r['lowered_whole'] else 'no'} | {r['engines']} | "
+                     f"{outside.replace('|', '/')} | {r['build_s']} | {r['pte_mb']} |")
+    write_bytes(out / f"coverage-{precision}.md", ("\n".join(lines) + "\n").encode())
+
+
+@functools.cache
+def _code() -> str:
+    """Digest of the pipeline package's source."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata
+
+    out = {}
+    for name in ("timm", "transformers"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out

@@ -1,0 +1,124 @@
+"""The coverage suite: real models from torchvision, timm and Hugging Face `transformers`, each as the
+`model` section a config would hold (a plain `_target_` with its own kwargs, seeded random weights,
+nothing downloaded) plus its example input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Built in the CI slice (`--slice fast`): one of each family and source, each a few seconds to build.
+FAST = ("torchvision/squeezenet1_1", "torchvision/shufflenet_v2_x0_5", "timm/lcnet_050", "timm/vit_tiny_patch16_224",
+        "hf/bert_tiny")
+
+TIMM = (
+    # CNNs
+    "resnet50", "resnetv2_50", "resnext50_32x4d", "seresnet50", "res2net50_26w_4s", "skresnet18", "resnest14d",
+    "densenet121", "dla34", "dpn68b", "hrnet_w18_small", "inception_v3", "xception41", "cspdarknet53", "regnety_008",
+    "regnetz_b16", "gernet_s", "selecsls42b", "repvgg_a0", "vgg11", "nfnet_l0", "hgnetv2_b0", "convnext_atto",
+    "convnextv2_atto", "inception_next_tiny", "rdnet_tiny", "starnet_s1",
+    # mobile nets
+    "efficientnet_b0", "efficientnetv2_rw_t", "tf_efficientnet_lite0", "mobilenetv3_large_100",
+    "mobilenetv4_conv_small", "ghostnet_100", "ghostnetv2_100", "rexnet_100", "lcnet_050", "mixnet_s", "fbnetc_100",
+    "mnasnet_100", "mobileone_s0", "repghostnet_050",
+    # vision transformers and MLPs
+    "vit_tiny_patch16_224", "deit_tiny_patch16_224", "beit_base_patch16_224", "eva02_tiny_patch14_224",
+    "swin_tiny_patch4_window7_224", "cait_xxs24_224", "pit_ti_224", "xcit_nano_12_p16_224", "twins_svt_small",
+    "pvt_v2_b0", "davit_tiny", "mixer_s16_224", "resmlp_12_224", "poolformer_s12", "caformer_s18",
+    # hybrids
+    "levit_128s", "mobilevit_xxs", "efficientformer_l1", "edgenext_xx_small", "fastvit_t8", "efficientvit_b0",
+    "coatnet_0_rw_224", "coat_lite_tiny", "tiny_vit_5m_224", "visformer_tiny", "maxvit_nano_rw_256",
+)
+
+_TEXT = {"shape": [1, 128], "dtype": "int64", "low": 0, "high": 1000}
+_IMAGE = {"shape": [1, 3, 224, 224]}
+# name -> (architecture, config overrides, input)
+HF: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "bert": ("bert", {}, _TEXT),
+    "bert_tiny": ("bert", {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                           "intermediate_size": 512}, _TEXT),
+    "roberta": ("roberta", {}, _TEXT),
+    "distilbert": ("distilbert", {}, _TEXT),
+    "electra_small": ("electra", {}, _TEXT),
+    "albert": ("albert", {}, _TEXT),
+    "mpnet": ("mpnet", {}, _TEXT),
+    "clip_text": ("clip_text", {}, {**_TEXT, "shape": [1, 77]}),
+    "t5_small_encoder": ("t5_encoder", {"d_model": 512, "d_ff": 2048, "num_layers": 6, "num_heads": 8}, _TEXT),
+    "vit": ("vit", {}, _IMAGE),
+    "deit": ("deit", {}, _IMAGE),
+    "beit": ("beit", {}, _IMAGE),
+    "dinov2_small": ("dinov2", {"hidden_size": 384, "num_attention_heads": 6}, _IMAGE),
+    "clip_vision": ("clip_vision", {}, _IMAGE),
+    "siglip_vision": ("siglip_vision", {}, _IMAGE),
+    "convnext": ("convnext", {}, _IMAGE),
+    "swin": ("swin", {}, _IMAGE),
+    "whisper_tiny_encoder": ("whisper_encoder", {"d_model": 384, "encoder_layers": 4, "encoder_attention_heads": 6,
+                                                  "decoder_layers": 4, "decoder_attention_heads": 6,
+                                                  "encoder_ffn_dim": 1536, "decoder_ffn_dim": 1536},
+                             {"shape": [1, 80, 3000]}),
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One suite model: its name, source, `model` config section and input."""
+
+    name: str
+    source: str  # torchvision | torchvision-segmentation | timm | hf
+    model: dict[str, Any] = field(hash=False)
+
+    @property
+    def inputs(self) -> list[dict[str, Any]]:
+        return self.model["methods"]["forward"]["inputs"]
+
+
+def _entry(name: str, source: str, target: str, kwargs: dict[str, Any], item: dict[str, Any]) -> Entry:
+    section = {"name": name.replace("/", "-"), "_target_": target, "kwargs": kwargs, "seed": 0,
+               "methods": {"forward": {"inputs": [{"dtype": "float32", "low": 0, "high": 2, **item}]}}}
+    return Entry(name, source, section)
+
+
+def entries() -> list[Entry]:
+    """Every suite model, in a fixed order."""
+    import torchvision
+
+    out = []
+    for name in torchvision.models.list_models(module=torchvision.models):
+        size = 299 if name == "inception_v3" else 224
+        out.append(_entry(f"torchvision/{name}", "torchvision", f"torchvision.models.{name}", {},
+                          {"shape": [1, 3, size, size]}))
+    for name in torchvision.models.list_models(module=torchvision.models.segmentation):
+        out.append(_entry(f"torchvision/{name}", "torchvision-segmentation", f"torchvision.models.segmentation.{name}",
+                          {"weights_backbone": None}, _IMAGE))
+    for name in TIMM:
+        out.append(_entry(f"timm/{name}", "timm", "timm.create_model", {"model_name": name},
+                          {"shape": [1, *_timm_input(name)]}))
+    for name, (arch, config, item) in HF.items():
+        out.append(_entry(f"hf/{name}", "hf", "pipeline.models.hf.encoder", {"architecture": arch, **config}, item))
+    return out
+
+
+def select(names: list[str] | None = None, slice_: str = "all") -> list[Entry]:
+    """Suite entries by slice ("all", "fast", or a source) and then by name (exact, or a prefix such as
+    "timm/"); an unknown name is an error naming the suite's sources."""
+    chosen = entries()
+    if slice_ == "fast":
+        chosen = [e for e in chosen if e.name in FAST]
+    elif slice_ != "all":
+        chosen = [e for e in chosen if e.source == slice_]
+    if names:
+        picked = [e for e in chosen if any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for n in names)]
+        unknown = [n for n in names if not any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for e in chosen)]
+        if unknown:
+            raise ValueError(f"not in the suite: {unknown}; names look like 'timm/resnet50' or a prefix like 'hf/'")
+        chosen = picked
+    return chosen
+
+
+def _timm_input(name: str) -> list[int]:
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(name)
+    if cfg is None:
+        raise ValueError(f"timm has no default config for {name!r}")
+    return list(cfg.input_size)

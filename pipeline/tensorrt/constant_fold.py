@@ -1,0 +1,78 @@
+"""Constant folding before partitioning: every operator whose inputs are all constants (weights,
+buffers, literals) is computed once at compile time and becomes a constant of the program. Position
+ids, attention masks and relative-position tables that models build in `forward` then cost nothing
+at run time, and never leave an op without a converter, or an engine without inputs, behind."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+# A folded result larger than this stays an operator (TensorRT folds it inside the engine instead)
+# rather than growing the program by a constant much larger than its inputs.
+MAX_FOLDED_BYTES = 1 << 26
+
+
+def fold_constants(gm: torch.fx.GraphModule) -> int:
+    """Replace constant-only subgraphs of `gm` (an unlifted module) by constants; returns how many
+    constants were made."""
+    values: dict[torch.fx.Node, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            values[node] = attr(gm, str(node.target))
+        elif _foldable(node) and all(n in values for n in node.all_input_nodes):
+            args, kwargs = torch.fx.map_arg((node.args, node.kwargs), values.__getitem__)
+            with torch.no_grad():
+                result = node.target(*args, **kwargs)  # type: ignore[operator]
+            if _nbytes(result) <= max(MAX_FOLDED_BYTES, sum(_nbytes(values[n]) for n in node.all_input_nodes)):
+                values[node] = result
+    folded = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node not in values or not isinstance(values[node], torch.Tensor):
+            continue
+        if all(user in values for user in node.users):
+            continue  # only the frontier becomes a constant; what it feeds on is then dead
+        name = f"_folded_constant_{folded}"
+        gm.register_buffer(name, values[node].detach().contiguous())
+        with gm.graph.inserting_before(node):
+            constant = gm.graph.get_attr(name)
+        constant.meta = {k: v for k, v in node.meta.items() if k in ("val", "tensor_meta", "stack_trace")}
+        node.replace_all_uses_with(constant)
+        folded += 1
+    if folded:
+        gm.graph.eliminate_dead_code()
+        gm.delete_all_unused_submodules()
+        gm.recompile()
+    return folded
+
+
+def _foldable(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return True
+    op = node.target
+    if not isinstance(op, OpOverload) or op._schema.is_mutable or torch.Tag.nondeterministic_seeded in op.tags:
+        return False
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    return all(isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape) for v in vals)
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def attr(gm: torch.nn.Module, target: str) -> Any:
+    """The module attribute a `get_attr` target names (dotted path)."""
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,141 @@
+"""Converters that pick elements by index: index_select, gather, advanced indexing (`x[idx]`),
+padding with a constant, and repeat (tiling)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeline.tensorrt.context import ConversionContext
+from pipeline.tensorrt.converters import _validators as v
+from pipeline.tensorrt.converters._layers import elementwise, ew_ops, norm_dim
+from pipeline.tensorrt.converters.registry import converter
+from pipeline.tensorrt.trt_api import trt
+
+aten = torch.ops.aten
+Node = torch.fx.Node
+_INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+
+
+def _wrapped(ctx: ConversionContext, index: Any, size: Any) -> Any:
+    """torch's negative indices (count from the end) as non-negative int64 ones."""
+    index = ctx.cast(index, torch.int64)
+    size = ctx.constant(torch.tensor(size), torch.int64) if isinstance(size, int) else size
+    size = ctx.reshape(size, (1,) * len(index.shape)) if len(index.shape) else size
+    negative = elementwise(ctx, ew_ops().LESS, index, ctx.tensor(0, like=index, dtype=torch.int64))
+    shifted = elementwise(ctx, ew_ops().SUM, index, size)
+    return ctx.network.add_select(negative, shifted, index).get_output(0)
+
+
+def _index_dtype(position: int) -> Any:
+    def check(node: Node, spec: Any) -> str | None:
+        val = node.args[position].meta.get("val") if isinstance(node.args[position], Node) else None
+        if val is not None and val.dtype not in _INDEX_DTYPES:
+            return f"index dtype {str(val.dtype).removeprefix('torch.')} is not int32/int64"
+        return None
+
+    return check
+
+
+@converter(aten.index_select.default, validator=_index_dtype(2))
+def index_select(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, dim, index = args[0], norm_dim(int(args[1]), len(args[0].shape)), args[2]
+    index = _wrapped(ctx, index, ctx.dims(x)[dim])
+    return ctx.network.add_gather(x, index, dim).get_output(0)
+
+
+@converter(aten.gather.default, validator=v.all_of(_index_dtype(2), v.predicate(
+    lambda n: not v.arg(n, 3, "sparse_grad", False), "sparse_grad gather is not supported")))
+def gather(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, dim, index = args[0], norm_dim(int(args[1]), len(args[0].shape)), args[2]
+    layer = ctx.network.add_gather_v2(x, _wrapped(ctx, index, ctx.dims(x)[dim]), trt().GatherMode.ELEMENT)
+    layer.axis = dim
+    return layer.get_output(0)
+
+
+def _index_ok(node: Node, spec: Any) -> str | None:
+    indices = list(node.args[1])
+    used = [i for i, t in enumerate(indices) if t is not None]
+    vals = [indices[i].meta.get("val") for i in used]
+    if any(val.dtype in (torch.bool, torch.uint8) for val in vals):
+        return "boolean-mask indexing has a data-dependent output shape"
+    if any(val.dtype not in _INDEX_DTYPES for val in vals):
+        return "index tensors must be int32/int64"
+    if used != list(range(used[0], used[-1] + 1)):
+        return "index tensors separated by ':' move their dims to the front (not supported)"
+    shape = node.args[0].meta["val"].shape
+    if len(used) > 1 and not all(isinstance(shape[i], int) for i in used[1:]):
+        return "indexing several dims needs static sizes for all but the first"
+    return None
+
+
+@converter(aten.index.Tensor, validator=_index_ok)
+def index(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`x[..., i0, i1, ...]` with index tensors on consecutive dims: the indexed dims are merged and
+    the broadcast indices become one flat index for a single gather."""
+    x, indices = args[0], list(args[1])
+    used = [i for i, t in enumerate(indices) if t is not None]
+    first, last = used[0], used[-1]
+    sizes = ctx.dims(x)
+    if len(used) == 1:
+        return ctx.network.add_gather(x, _wrapped(ctx, indices[first], sizes[first]), first).get_output(0)
+    rank = max(len(indices[i].shape) for i in used)
+    flat = None
+    for i in used:
+        idx = _wrapped(ctx, indices[i], sizes[i])
+        if len(idx.shape) < rank:
+            idx = ctx.reshape(idx, [1] * (rank - len(idx.shape)) + ctx.dims(idx))
+        stride = 1
+        for size in sizes[i + 1:last + 1]:
+            stride *= int(size)
+        term = elementwise(ctx, ew_ops().PROD, idx, ctx.tensor(stride, like=idx, dtype=torch.int64)) if stride != 1 else idx
+        flat = term if flat is None else elementwise(ctx, ew_ops().SUM, flat, term)
+    merged = 1
+    for size in sizes[first + 1:last + 1]:
+        merged *= int(size)
+    merged_x = ctx.reshape(x, sizes[:first] + [-1] + sizes[last + 1:]) if merged != 1 or last > first else x
+    return ctx.network.add_gather(merged_x, flat, first).get_output(0)
+
+
+@converter(aten.constant_pad_nd.default, validator=v.NUMERIC)
+def constant_pad_nd(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Pad (or, with negative pads, crop) the last dims: a slice that fills outside the input."""
+    x, pad, value = args[0], list(args[1]), float(v.arg(node, 2, "value", 0.0))
+    rank = len(x.shape)
+    sizes = ctx.dims(x)
+    starts: list[Any] = [0] * rank
+    extents: list[Any] = list(sizes)
+    for k in range(len(pad) // 2):
+        axis = rank - 1 - k
+        before, after = pad[2 * k], pad[2 * k + 1]
+        starts[axis] = -before
+        extent = sizes[axis]
+        extents[axis] = extent + before + after if isinstance(extent, int) else elementwise(
+            ctx, ew_ops().SUM, extent, ctx.constant(torch.tensor(before + after), torch.int64))
+    static = all(isinstance(s, int) for s in extents)
+    layer = ctx.network.add_slice(x, tuple(starts), tuple(extents) if static else (1,) * rank, (1,) * rank)
+    if not static:
+        layer.set_input(2, ctx.shape_tensor(extents))
+    layer.mode = trt().SampleMode.FILL
+    layer.set_input(4, ctx.constant(torch.tensor(value), ctx.node_dtype(node)))
+    return layer.get_output(0)
+
+
+@converter(aten.repeat.default, validator=v.NUMERIC)
+def repeat(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Tile: a slice that wraps around the input, `repeats` times as large."""
+    repeats = [int(r) for r in args[1]]
+    x = args[0]
+    if len(x.shape) < len(repeats):
+        x = ctx.reshape(x, [1] * (len(repeats) - len(x.shape)) + ctx.dims(x))
+    rank = len(repeats)
+    sizes = ctx.dims(x)
+    extents = [s * r if isinstance(s, int) else elementwise(ctx, ew_ops().PROD, s, ctx.constant(torch.tensor(r), torch.int64))
+               for s, r in zip(sizes, repeats)]
+    static = all(isinstance(e, int) for e in extents)
+    layer = ctx.network.add_slice(x, (0,) * rank, tuple(extents) if static else (1,) * rank, (1,) * rank)
+    if not static:
+        layer.set_input(2, ctx.shape_tensor(extents))
+    layer.mode = trt().SampleMode.WRAP
+    return layer.get_output(0)

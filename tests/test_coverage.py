@@ -1,0 +1,69 @@
+"""The coverage suite's command on its CI slice (real builds), its skip of unchanged models, a model
+that fails without stopping the others, and the lowering report's reasons through the library."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.compile import compile_method
+from pipeline.coverage.run import run_suite
+from pipeline.coverage.suite import FAST, Entry, entries, select
+from pipeline.export import export, save
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+
+
+def test_suite_has_every_family() -> None:
+    suite = entries()
+    sources = {e.source for e in suite}
+    assert sources == {"torchvision", "torchvision-segmentation", "timm", "hf"}
+    assert sum(e.source == "timm" for e in suite) >= 40 and sum(e.source == "torchvision" for e in suite) >= 80
+    assert {e.name for e in select(slice_="fast")} == set(FAST)
+    with pytest.raises(ValueError, match="not in the suite"):
+        select(["timm/no_such_net"])
+
+
+def test_fast_slice_lowers_whole_and_a_second_run_builds_nothing(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "pipeline.coverage", "--slice", "fast", "--out", str(tmp_path)]
+    first = subprocess.run(command, capture_output=True, text=True, check=True)
+    table = json.loads((tmp_path / "coverage-fp32.json").read_text())
+    assert table["summary"] == {"models": len(FAST), "lowered_whole": len(FAST), "failed": 0, "lowered_whole_pct": 100.0}
+    assert all(r["engines"] == 1 and r["pte_mb"] > 0 for r in table["rows"]), table["rows"]
+    markdown = (tmp_path / "coverage-fp32.md").read_text()
+    assert "| model | precision | lowered whole |" in markdown and "timm/lcnet_050" in markdown
+    again = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert f"0 model(s) to build, {len(FAST)} kept" in again.stderr + again.stdout, first.stderr[-2000:]
+
+
+def test_a_failing_model_gets_a_row_and_the_others_go_on(tmp_path: Path) -> None:
+    good = select(["timm/lcnet_050"])[0]
+    broken = Entry("hf/broken", "hf", {**good.model, "name": "broken", "_target_": "pipeline.models.hf.encoder",
+                                       "kwargs": {"architecture": "no-such-architecture"}})
+    rows = run_suite([broken, good], "fp32", tmp_path, jobs=2)
+    assert rows[1]["status"] == "ok" and rows[1]["lowered_whole"]
+    assert rows[0]["status"].startswith("ConfigError: model.kwargs.architecture = 'no-such-architecture'")
+
+
+class Split(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)).cumsum(-1))))
+
+
+def test_report_gives_the_compile_steps_reasons_and_min_block_size_works(tmp_path: Path) -> None:
+    spec = TensorRTCompileSpec(min_block_size=3, torch_executed_ops=("aten.cumsum",))
+    program = compile_method(Split(), (torch.randn(2, 8),), spec)
+    report = export(program, compile_specs=spec).tensorrt_report["forward"]  # type: ignore[attr-defined]
+    reasons = {item["op"]: item["reason"] for item in report["left_over"]}
+    assert reasons["aten.cumsum.default"] == "kept out of TensorRT by compile spec torch_executed_ops (aten.cumsum.default)"
+    assert "below min_block_size=3" in reasons["aten.addmm.default"] and "below min_block_size=3" in reasons["aten.relu.default"]
+    assert report["num_engines"] == 1 and report["claimed_by_tensorrt"] == 3
+    assert not any(r == "not part of any TensorRT engine" for r in reasons.values())
+    files = save(program, tmp_path / "split.pte", compile_specs=spec)
+    assert files["pte"].stat().st_size > 0
