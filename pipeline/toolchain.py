@@ -5,10 +5,12 @@ writes it on every `dvc repro` takes a fraction of a second."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pipeline.tensorrt.trt_api import CANDIDATES, PIN_ENV
@@ -32,6 +34,14 @@ def record(target_compute_capabilities: Sequence[str] = ()) -> dict[str, Any]:
     if extra:  # what the record cannot see itself, e.g. a container image or driver tag
         out["extra"] = extra
     return out
+
+
+def source_digest(package: Path) -> str:
+    """SHA-256 over the relative paths and contents of every `.py` file under `package`."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def _tensorrt_module() -> str | None:

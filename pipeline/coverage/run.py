@@ -192,11 +192,9 @@ def write_table(rows: list[dict[str, Any]], precision: str, out: Path) -> None:
 @functools.cache
 def _code() -> str:
     """Digest of the pipeline package's source."""
-    package = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    from pipeline.toolchain import source_digest
+
+    return source_digest(Path(__file__).resolve().parents[1])
 
 
 def _versions() -> dict[str, str]:

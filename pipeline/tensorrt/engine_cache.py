@@ -153,12 +153,10 @@ class EngineCache:
 @functools.cache
 def toolchain_id() -> str:
     """TensorRT flavour and version, platform, and a digest of `pipeline.tensorrt`'s source."""
+    from pipeline.toolchain import source_digest
+
     found = flavour()
-    code = hashlib.sha256()
-    package = Path(__file__).parent
-    for path in sorted(package.rglob("*.py")):
-        code.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
-    return f"{found.module}=={found.version};{platform.system()}-{platform.machine()};code={code.hexdigest()}"
+    return f"{found.module}=={found.version};{platform.system()}-{platform.machine()};code={source_digest(Path(__file__).parent)}"
 
 
 def canonical_graph(source: GraphSource) -> Iterator[bytes]:
