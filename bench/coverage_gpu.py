@@ -2,7 +2,7 @@
 (`pipeline.coverage`, engines built on this machine) and by TensorRT's ONNX parser from the same
 model; then, one model at a time on the GPU, its `.pte` runs against eager PyTorch (max error
 relative to the reference's largest magnitude, against `runtime.max_rel_error`), and our engine
-and the ONNX-parser engine are timed side by side, each as a CUDA graph (a program of several
+and the ONNX-parser engine are timed side by side (`bench/benchmark.py`'s `timed`), each as a CUDA graph (a program of several
 engines: its `.pte` with CUDA graphs). Resumable: results stay under `--out`; a second run only
 does what is missing. Prints and writes `<out>/coverage-gpu-<precision>.md` and `.json`.
 
@@ -23,6 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.benchmark import Timing, Variant, timed  # noqa: E402
+from pipeline.config.compose import compose  # noqa: E402
 from pipeline.coverage.run import run_suite  # noqa: E402
 from pipeline.coverage.suite import Entry, select  # noqa: E402
 from pipeline.files import write_bytes, write_json  # noqa: E402
@@ -80,13 +82,12 @@ def onnx_in(precision: str, out: Path, entry: Entry) -> None:
     onnx_engine(entry, precision, program_folder(out, precision, entry))
 
 
-def measure(entry: Entry, row: dict[str, Any], precision: str, folder: Path, iters: int) -> dict[str, Any]:
+def measure(entry: Entry, row: dict[str, Any], precision: str, folder: Path, iters: int, tolerance: float) -> dict[str, Any]:
     """Correctness of the `.pte` against eager, and our engine against the ONNX parser's (CUDA graphs)."""
     import torch
 
     from pipeline import pte
     from pipeline.config import objects
-    from pipeline.config.compose import compose
     from pipeline.runtime import load
     from pipeline.tensorrt import blob
     from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
@@ -94,7 +95,6 @@ def measure(entry: Entry, row: dict[str, Any], precision: str, folder: Path, ite
     name = entry.model["name"]
     files = {"pte": folder / "program" / f"{name}.pte"}
     ptd = files["pte"].with_suffix(".ptd")
-    tolerance = float(compose([])["runtime"]["max_rel_error"])
     spec = entry.model["methods"]["forward"]
     inputs = [x.cuda() for x in objects.example_inputs(spec, 1)]
     model = objects.model({"model": entry.model}).cuda()
@@ -122,7 +122,10 @@ def measure(entry: Entry, row: dict[str, Any], precision: str, folder: Path, ite
     if onnx.exists():
         onnx_runner = _onnx_runner(onnx.read_bytes(), inputs, precision, stream)
         theirs = lambda: onnx_runner(*[x.to(onnx_runner.dtype) if x.is_floating_point() else x for x in inputs])  # noqa: E731
-        ours_ms, theirs_ms = _side_by_side([ours, theirs], stream, iters)
+        variants = [Variant("ours", ours, stream), Variant("onnx", theirs, stream)]
+        with torch.no_grad():
+            timed(variants, Timing(iters=iters, warmup=20, block=10))
+        ours_ms, theirs_ms = (statistics.median(v.samples) for v in variants)
         result.update(ours_ms=ours_ms, onnx_ms=theirs_ms, ratio=ours_ms / theirs_ms)
     else:
         error = folder / "onnx.error"
@@ -149,28 +152,6 @@ def _onnx_runner(engine: bytes, inputs: list[Any], precision: str, stream: Any) 
     runner = EngineRunner(engine, bindings, RuntimeOptions(cuda_graph=True), stream)
     runner.dtype = bindings[0].torch_dtype  # type: ignore[attr-defined]
     return runner
-
-
-def _side_by_side(fns: list[Any], stream: Any, iters: int, block: int = 10) -> list[float]:
-    """Median GPU milliseconds per call of each function, taking turns in blocks (noise hits all alike)."""
-    import torch
-
-    samples: list[list[float]] = [[] for _ in fns]
-    with torch.no_grad(), torch.cuda.stream(stream):
-        for fn in fns:
-            for _ in range(20):
-                fn()
-        torch.cuda.synchronize()
-        for _ in range(0, iters, block):
-            for fn, out in zip(fns, samples):
-                for _ in range(block):
-                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    begin.record(stream)
-                    fn()
-                    end.record(stream)
-                    end.synchronize()
-                    out.append(begin.elapsed_time(end))
-    return [statistics.median(s) for s in samples]
 
 
 def markdown(rows: list[dict[str, Any]], precision: str) -> str:
@@ -213,6 +194,7 @@ def main() -> int:
     results_path = args.out / f"measured-{args.precision}.json"
     measured = json.loads(results_path.read_text()) if results_path.exists() else {}
     by_name = {e.name: e for e in entries}
+    tolerance = float(compose([])["runtime"]["max_rel_error"])
     for row in rows:
         name = row["model"]
         if name in measured or row["status"] != "ok":
@@ -223,7 +205,7 @@ def main() -> int:
         if not any((folder(by_name[name]) / f).exists() for f in ("onnx.engine", "onnx.error")):
             onnx_engine(by_name[name], args.precision, folder(by_name[name]))  # its build was kept from a run that stopped
         try:
-            measured[name] = measure(by_name[name], row, args.precision, folder(by_name[name]), args.iters)
+            measured[name] = measure(by_name[name], row, args.precision, folder(by_name[name]), args.iters, tolerance)
         except Exception as exc:  # recorded; the suite goes on
             measured[name] = {"status": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
         log.info("%s %s", name, measured[name])

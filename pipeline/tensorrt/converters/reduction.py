@@ -10,7 +10,7 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import axes_mask, elementwise, ew_ops, norm_dim
+from pipeline.tensorrt.converters._layers import axes_mask, elementwise, ew_ops, norm_dim, unary, unary_ops
 from pipeline.tensorrt.converters.registry import aten_op, converter
 from pipeline.tensorrt.trt_api import trt
 
@@ -76,7 +76,7 @@ def any_(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict
     x = args[0]
     nonzero = x if x.dtype == trt().bool else elementwise(ctx, ew_ops().EQUAL, x, ctx.tensor(0, like=x))
     if x.dtype != trt().bool:
-        nonzero = ctx.network.add_unary(nonzero, trt().UnaryOperation.NOT).get_output(0)
+        nonzero = unary(ctx, nonzero, unary_ops().NOT)
     as_int = ctx.cast(nonzero, torch.int32)
     dims = v.arg(node, 1, "dim")
     dims = None if dims is None else (list(dims) if isinstance(dims, (list, tuple)) else [dims])
@@ -208,16 +208,15 @@ def vector_norm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwarg
     rank = len(x.shape)
     dims = v.arg(node, 2, "dim")
     dims = list(range(rank)) if dims is None or len(dims) == 0 else list(dims)
-    mask, keepdim = axes_mask(dims, rank), bool(v.arg(node, 3, "keepdim", False))
-    magnitude = ctx.network.add_unary(x, trt().UnaryOperation.ABS).get_output(0)
+    keepdim = bool(v.arg(node, 3, "keepdim", False))
+    magnitude = unary(ctx, x, unary_ops().ABS)
     if math.isinf(order):
-        op = trt().ReduceOperation.MAX if order > 0 else trt().ReduceOperation.MIN
-        return ctx.network.add_reduce(magnitude, op, mask, keepdim).get_output(0)
+        return _reduce(ctx, node, magnitude, "MAX" if order > 0 else "MIN", dims, keepdim)
     if order == 1:
-        return ctx.network.add_reduce(magnitude, trt().ReduceOperation.SUM, mask, keepdim).get_output(0)
+        return _reduce(ctx, node, magnitude, "SUM", dims, keepdim)
     powered = elementwise(ctx, ew_ops().POW, magnitude, ctx.tensor(order, like=magnitude)) if order != 2 else \
         elementwise(ctx, ew_ops().PROD, magnitude, magnitude)
-    total = ctx.network.add_reduce(powered, trt().ReduceOperation.SUM, mask, keepdim).get_output(0)
+    total = _reduce(ctx, node, powered, "SUM", dims, keepdim)
     if order == 2:
-        return ctx.network.add_unary(total, trt().UnaryOperation.SQRT).get_output(0)
+        return unary(ctx, total, unary_ops().SQRT)
     return elementwise(ctx, ew_ops().POW, total, ctx.tensor(1.0 / order, like=total))
