@@ -2,11 +2,19 @@
 (`pipeline.coverage`, engines built on this machine) and by TensorRT's ONNX parser from the same
 model; then, one model at a time on the GPU, its `.pte` runs against eager PyTorch (max error
 relative to the reference's largest magnitude, against `runtime.max_rel_error`), and our engine
-and the ONNX-parser engine are timed side by side (`bench/benchmark.py`'s `timed`), each as a CUDA graph (a program of several
-engines: its `.pte` with CUDA graphs). Resumable: results stay under `--out`; a second run only
-does what is missing. Prints and writes `<out>/coverage-gpu-<precision>.md` and `.json`.
+and the ONNX-parser engine are timed side by side (`bench/benchmark.py`'s `timed`), each as a CUDA
+graph (a program of several engines: its `.pte` with CUDA graphs).
 
-    python bench/coverage_gpu.py --precision fp32 --jobs 12 --deadline 540
+Builds and measurements overlap: a model is measured as soon as both its builds are done, by
+`--workers-per-gpu` processes on each GPU that take turns on it (one at a time runs on the GPU;
+the others load and build eager models on the CPU meanwhile). A measured model's programs are
+deleted (`--keep-programs` keeps them). Resumable: results stay under `--out`; a second run only
+does what is missing. Writes `<out>/coverage-gpu-<precision>.md` and `.json` after every model.
+
+The eager reference runs in strict fp32 (TF32 off); `--set compile.allow_tf32=false` builds both
+engines without TF32 too (the ONNX parser's engine takes the same builder settings as ours).
+
+    python bench/coverage_gpu.py --precision fp32 --jobs 24 --workers-per-gpu 2 --set compile.allow_tf32=false
 """
 
 from __future__ import annotations
@@ -15,32 +23,63 @@ import argparse
 import functools
 import json
 import logging
+import multiprocessing
+import os
+import shutil
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.benchmark import Timing, Variant, timed  # noqa: E402
-from pipeline.config.compose import compose  # noqa: E402
-from pipeline.coverage.run import run_suite  # noqa: E402
+from pipeline.cli import reported  # noqa: E402
+from pipeline.coverage.run import kept_row, row_key, run_suite, suite_config  # noqa: E402
 from pipeline.coverage.suite import Entry, select  # noqa: E402
 from pipeline.files import write_bytes, write_json  # noqa: E402
 
 log = logging.getLogger("bench.coverage_gpu")
 
 
-def onnx_engine(entry: Entry, precision: str, folder: Path) -> None:
+@dataclass(frozen=True)
+class Setup:
+    """What every build and measurement of one run shares: precision, config overrides, folder."""
+
+    precision: str
+    overrides: tuple[str, ...]
+    out: Path
+
+    @functools.cached_property
+    def config(self) -> Any:
+        return suite_config(self.precision, self.overrides)
+
+    def folder(self, entry: Entry) -> Path:
+        return self.out / "programs" / entry.name.replace("/", "__") / self.precision
+
+    def key(self, entry: Entry) -> str:
+        return row_key(entry, self.precision, self.overrides)
+
+
+def onnx_engine(setup: Setup, entry: Entry) -> None:
     """Export the suite model to ONNX (TorchScript exporter, opset 17) and build the ONNX parser's
-    engine with a default builder config (fp16 precision: the model in fp16, as TensorRT-RTX builds
-    strongly typed networks); writes `<folder>/onnx.engine` or `<folder>/onnx.error`."""
+    engine with our builder settings (`builder_config` of the run's compile spec; below fp32 the
+    model is cast, as TensorRT-RTX builds strongly typed networks); writes `onnx.engine` or
+    `onnx.error` in the model's folder."""
     import torch
 
     from pipeline.config import objects
+    from pipeline.tensorrt.builder import builder_config
     from pipeline.tensorrt.trt_api import trt
 
+    precision, folder = setup.precision, setup.folder(entry)
     target = folder / "onnx.engine"
     if target.exists():
         return
@@ -62,7 +101,7 @@ def onnx_engine(entry: Entry, precision: str, folder: Path) -> None:
         if not parser.parse_from_file(str(path)):
             raise RuntimeError("; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
         start = time.perf_counter()
-        engine = builder.build_serialized_network(network, builder.create_builder_config())
+        engine = builder.build_serialized_network(network, builder_config(builder, objects.compile_spec(setup.config, "forward")))
         if engine is None:
             raise RuntimeError("the ONNX parser's network did not build")
         write_json(folder / "onnx.json", {"build_s": round(time.perf_counter() - start, 2)})
@@ -74,39 +113,57 @@ def onnx_engine(entry: Entry, precision: str, folder: Path) -> None:
         write_bytes(folder / "onnx.error", f"{type(exc).__name__}: {str(exc).strip()[:300]}".encode())
 
 
-def program_folder(out: Path, precision: str, entry: Entry) -> Path:
-    return out / "programs" / entry.name.replace("/", "__") / precision
-
-
-def onnx_in(precision: str, out: Path, entry: Entry) -> None:
-    onnx_engine(entry, precision, program_folder(out, precision, entry))
-
-
-def measure(entry: Entry, row: dict[str, Any], precision: str, folder: Path, iters: int, tolerance: float) -> dict[str, Any]:
-    """Correctness of the `.pte` against eager, and our engine against the ONNX parser's (CUDA graphs)."""
-    import torch
-
-    from pipeline import pte
+def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
+            gpu: AbstractContextManager[Any] | None = None) -> dict[str, Any]:
+    """Correctness of the `.pte` against eager, and our engine against the ONNX parser's (CUDA graphs).
+    `gpu` is held while anything runs on the GPU (the eager model is built before)."""
     from pipeline.config import objects
-    from pipeline.runtime import load
-    from pipeline.tensorrt import blob
-    from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
 
+    folder, precision = setup.folder(entry), setup.precision
+    tolerance = float(setup.config["runtime"]["max_rel_error"])
     name = entry.model["name"]
     files = {"pte": folder / "program" / f"{name}.pte"}
     ptd = files["pte"].with_suffix(".ptd")
     spec = entry.model["methods"]["forward"]
-    inputs = [x.cuda() for x in objects.example_inputs(spec, 1)]
-    model = objects.model({"model": entry.model}).cuda()
+    if not any((folder / f).exists() for f in ("onnx.engine", "onnx.error")):
+        onnx_engine(setup, entry)  # its build was kept from a run that stopped
+    host_inputs = objects.example_inputs(spec, 1)
+    host_model = objects.model({"model": entry.model})
+    with gpu or nullcontext():
+        try:
+            return _measure_on_gpu(host_model, host_inputs, files["pte"], ptd, row, precision, folder, iters, tolerance)
+        finally:
+            import gc
+
+            import torch
+
+            gc.collect()
+            torch.cuda.empty_cache()  # the next worker's turn gets the whole GPU
+
+
+def _measure_on_gpu(host_model: Any, host_inputs: Any, pte_path: Path, ptd: Path, row: dict[str, Any], precision: str,
+                    folder: Path, iters: int, tolerance: float) -> dict[str, Any]:
+    import torch
+
+    from pipeline import pte
+    from pipeline.runtime import load
+    from pipeline.tensorrt import blob
+    from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
+
+    files = {"pte": pte_path}
+    inputs = [x.cuda() for x in host_inputs]
+    model = host_model.cuda()
     with torch.no_grad():
-        ref = model(*inputs)
-        ref = ref[next(iter(ref))] if isinstance(ref, dict) else ref  # segmentation models return {"out": ...}
+        with strict_fp32():
+            ref = model(*inputs)
+        loose = model(*inputs)  # PyTorch's defaults: cuDNN convolutions in TF32
         ours_program = load(files["pte"], ptd if ptd.exists() else None, options=RuntimeOptions(cuda_graph=True))
         method = ours_program.method("forward")
-        out = method.execute(inputs)
-    got = out[0] if isinstance(out, (list, tuple)) else out
-    rel = ((got.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12)).item()
-    result: dict[str, Any] = {"rel_error": rel, "correct": rel <= tolerance, "tolerance": tolerance}
+        rel = _rel_error(method.execute(inputs), ref)
+    # eager_tf32_error: how far PyTorch's own default (TF32) execution is from strict fp32, the
+    # model's sensitivity to TF32 with these weights.
+    result: dict[str, Any] = {"rel_error": rel, "correct": rel <= tolerance, "tolerance": tolerance,
+                              "eager_tf32_error": _rel_error(loose, ref)}
     file = pte.read(files["pte"], ptd if ptd.exists() else None)
     calls = [c for c in pte.delegate_calls(file.program) if c.backend == blob.BACKEND_ID]
     stream = torch.cuda.Stream()
@@ -127,10 +184,37 @@ def measure(entry: Entry, row: dict[str, Any], precision: str, folder: Path, ite
             timed(variants, Timing(iters=iters, warmup=20, block=10))
         ours_ms, theirs_ms = (statistics.median(v.samples) for v in variants)
         result.update(ours_ms=ours_ms, onnx_ms=theirs_ms, ratio=ours_ms / theirs_ms)
+        with torch.no_grad():
+            result["onnx_rel_error"] = _rel_error([x.clone() for x in theirs()], ref)
     else:
         error = folder / "onnx.error"
         result["onnx_error"] = error.read_text() if error.exists() else "no ONNX engine"
     return result
+
+
+def _rel_error(out: Any, ref: Any) -> float:
+    """Largest absolute error relative to the reference's largest magnitude (first outputs)."""
+    got, want = _first(out), _first(ref)
+    return float(((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-12)).item())
+
+
+def _first(out: Any) -> Any:
+    if isinstance(out, dict):  # segmentation models return {"out": ...}
+        return out[next(iter(out))]
+    return out[0] if isinstance(out, (list, tuple)) else out
+
+
+@contextmanager
+def strict_fp32() -> Iterator[None]:
+    """PyTorch's own fp32, TF32 off for matmuls and cuDNN convolutions (cuDNN's default is on)."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _onnx_runner(engine: bytes, inputs: list[Any], precision: str, stream: Any) -> Any:
@@ -161,13 +245,116 @@ def markdown(rows: list[dict[str, Any]], precision: str) -> str:
              f"ours / ONNX-parser engine over {len(ratios)} models: median "
              f"{statistics.median(ratios) if ratios else float('nan'):.3f}, max {max(ratios, default=float('nan')):.3f}, "
              f"{sum(r > 1.10 for r in ratios)} above 1.10.", "",
-             "| model | lowered whole | rel. error | correct | ours | ours ms | ONNX ms | ratio |", "|---|---|---|---|---|---|---|---|"]
+             "| model | lowered whole | rel. error | ONNX rel. error | eager TF32 rel. error | correct | ours | ours ms | "
+             "ONNX ms | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
     for r in rows:
-        lines.append(f"| {r['model']} | {'yes' if r.get('lowered_whole') else 'no'} | "
-                     f"{r.get('rel_error', float('nan')):.2e} | {r.get('correct', r.get('status'))} | {r.get('ours', '')} | "
+        lines.append(f"| {r['model']} | {'yes' if r.get('lowered_whole') else 'no'} | {r.get('rel_error', nan):.2e} | "
+                     f"{r.get('onnx_rel_error', nan):.2e} | {r.get('eager_tf32_error', nan):.2e} | "
+                     f"{r.get('correct', r.get('status'))} | {r.get('ours', '')} | "
                      f"{r.get('ours_ms', float('nan')):.3f} | {r.get('onnx_ms', float('nan')):.3f} | "
                      f"{r.get('ratio', float('nan')):.3f} |" + (f" {r['onnx_error']}" if "onnx_error" in r else ""))
     return "\n".join(lines) + "\n"
+
+
+def _ready(setup: Setup, entry: Entry, builds_done: bool) -> dict[str, Any] | None:
+    """The model's current row, once both its builds are done (or no build is running any more)."""
+    row = kept_row(setup.out, entry, setup.precision, setup.key(entry))
+    if row is None or row["status"] != "ok":
+        return None
+    if builds_done or any((setup.folder(entry) / f).exists() for f in ("onnx.engine", "onnx.error")):
+        return row
+    return None
+
+
+_GPU: Any = None  # this worker's turn on its GPU
+
+
+def _worker_init(gpu: int, lock: Any) -> None:
+    global _GPU
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # the GPUs this run was given, if restricted
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)  # before CUDA starts
+    _GPU = lock
+    logging.basicConfig(level=logging.WARNING)
+
+
+def _measure_job(setup: Setup, entry: Entry, row: dict[str, Any], iters: int) -> dict[str, Any]:
+    try:
+        return measure(setup, entry, row, iters, _GPU)
+    except Exception as exc:  # recorded; the suite goes on
+        return {"status": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
+
+
+def _pool(gpu: int, per_gpu: int) -> ProcessPoolExecutor:
+    """`per_gpu` fresh interpreters that see only this GPU and take turns on it."""
+    spawn = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(per_gpu, mp_context=spawn, initializer=_worker_init, initargs=(gpu, spawn.Lock()))
+
+
+class Measurements:
+    """Models measured so far (kept in `<out>/measured-<precision>.json`) and those on the GPUs."""
+
+    def __init__(self, setup: Setup, entries: list[Entry], gpus: int, per_gpu: int, iters: int,
+                 keep_programs: bool) -> None:
+        self.setup, self.entries, self.per_gpu, self.iters, self.keep_programs = setup, entries, per_gpu, iters, keep_programs
+        self.path = setup.out / f"measured-{setup.precision}.json"
+        self.done: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.waiting = [e for e in entries if e.name not in self.done]
+        self.pools = [_pool(gpu, per_gpu) for gpu in range(gpus)]
+        self.pending: dict[str, tuple[Entry, Future[dict[str, Any]], int]] = {}
+        self.crashes: dict[str, int] = {}
+
+    def submit_ready(self, builds_done: bool) -> None:
+        for entry in list(self.waiting):
+            row = _ready(self.setup, entry, builds_done)
+            if row is None:
+                continue
+            self.waiting.remove(entry)
+            busy = [sum(1 for *_, g in self.pending.values() if g == i) for i in range(len(self.pools))]
+            gpu = busy.index(min(busy))
+            self.pending[entry.name] = (entry, self.pools[gpu].submit(_measure_job, self.setup, entry, row, self.iters), gpu)
+
+    def collect(self) -> None:
+        for name, (entry, future, gpu) in list(self.pending.items()):
+            if not future.done():
+                continue
+            del self.pending[name]
+            if isinstance(future.exception(), BrokenProcessPool):
+                # A worker died and took its pool's other models down: a fresh pool, and each of
+                # them measured again once; a second crash is the model's result.
+                if self.pools[gpu]._broken:  # type: ignore[attr-defined]
+                    self.pools[gpu] = _pool(gpu, self.per_gpu)
+                self.crashes[name] = self.crashes.get(name, 0) + 1
+                if self.crashes[name] < 2:
+                    self.waiting.append(entry)
+                    continue
+                self.done[name] = {"status": "the measuring process crashed, twice"}
+            else:
+                self.done[name] = future.result()
+            log.info("measured %s %s", name, self.done[name])
+            write_json(self.path, self.done)
+            if not self.keep_programs:
+                shutil.rmtree(self.setup.folder(entry) / "program", ignore_errors=True)
+                (self.setup.folder(entry) / "onnx.engine").unlink(missing_ok=True)
+            self.write()
+
+    def finished(self, builds_done: bool, late: bool) -> bool:
+        if not builds_done or self.pending:
+            return False
+        return late or not any(_ready(self.setup, e, True) for e in self.waiting)
+
+    def write(self) -> str:
+        setup = self.setup
+        rows = [row for e in self.entries if (row := kept_row(setup.out, e, setup.precision, setup.key(e))) is not None]
+        table = [{**row, **self.done.get(row["model"], {})} for row in rows]
+        text = markdown(table, setup.precision + "".join(f" {o}" for o in setup.overrides))
+        write_bytes(setup.out / f"coverage-gpu-{setup.precision}.md", text.encode())
+        write_json(setup.out / f"coverage-gpu-{setup.precision}.json", {"overrides": list(setup.overrides), "rows": table})
+        return text
+
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.shutdown()
 
 
 def main() -> int:
@@ -175,46 +362,47 @@ def main() -> int:
     parser.add_argument("models", nargs="*")
     parser.add_argument("--slice", default="all")
     parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of every build, e.g. compile.allow_tf32=false (repeatable)")
+    parser.add_argument("--jobs", type=int, default=8, help="builds at a time")
+    parser.add_argument("--gpus", type=int, default=None, help="GPUs to measure on (default: all)")
+    parser.add_argument("--workers-per-gpu", type=int, default=2)
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one model's builds may take")
     parser.add_argument("--out", type=Path, default=Path("build/coverage-gpu"))
     parser.add_argument("--deadline", type=float, default=None, help="seconds after which no new model is started")
     parser.add_argument("--skip-measure", action="store_true", help="only build (both ways)")
     parser.add_argument("--measure-only", action="store_true", help="build nothing; measure what is built")
+    parser.add_argument("--keep-programs", action="store_true", help="keep a model's programs once it is measured")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.monotonic()
-    entries = select(args.models or None, args.slice)
-    folder = functools.partial(program_folder, args.out, args.precision)
-    rows = run_suite(entries, args.precision, args.out, args.jobs, args.timeout, keep=True, deadline=0 if args.measure_only else args.deadline,
-                     after=functools.partial(onnx_in, args.precision, args.out))
+    setup = Setup(args.precision, tuple(args.overrides), args.out)
+    with reported():
+        entries = select(args.models or None, args.slice)
+        setup.config  # noqa: B018  (bad overrides: one line, before anything starts)
+    builds = threading.Thread(target=run_suite, args=(entries, args.precision, args.out, args.jobs, args.timeout),
+                              kwargs={"keep": True, "deadline": 0 if args.measure_only else args.deadline,
+                                      "after": functools.partial(onnx_engine, setup), "overrides": setup.overrides})
+    builds.start()
     if args.skip_measure:
+        builds.join()
         return 0
-    results_path = args.out / f"measured-{args.precision}.json"
-    measured = json.loads(results_path.read_text()) if results_path.exists() else {}
-    by_name = {e.name: e for e in entries}
-    tolerance = float(compose([])["runtime"]["max_rel_error"])
-    for row in rows:
-        name = row["model"]
-        if name in measured or row["status"] != "ok":
-            continue
-        if args.deadline and time.monotonic() - start > args.deadline:
-            log.info("deadline reached; run again to continue")
+    import torch
+
+    measurements = Measurements(setup, entries, args.gpus or torch.cuda.device_count(), args.workers_per_gpu,
+                                args.iters, args.keep_programs)
+    while True:
+        done = not builds.is_alive()
+        late = args.deadline is not None and time.monotonic() - start > args.deadline
+        if not late:
+            measurements.submit_ready(done)
+        measurements.collect()
+        if measurements.finished(done, late):
             break
-        if not any((folder(by_name[name]) / f).exists() for f in ("onnx.engine", "onnx.error")):
-            onnx_engine(by_name[name], args.precision, folder(by_name[name]))  # its build was kept from a run that stopped
-        try:
-            measured[name] = measure(by_name[name], row, args.precision, folder(by_name[name]), args.iters, tolerance)
-        except Exception as exc:  # recorded; the suite goes on
-            measured[name] = {"status": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
-        log.info("%s %s", name, measured[name])
-        write_json(results_path, measured)
-    table = [{**row, **measured.get(row["model"], {})} for row in rows]
-    text = markdown(table, args.precision)
-    write_bytes(args.out / f"coverage-gpu-{args.precision}.md", text.encode())
-    write_json(args.out / f"coverage-gpu-{args.precision}.json", table)
-    print(text)
+        time.sleep(1.0)
+    measurements.close()
+    print(measurements.write())
     return 0
 
 

@@ -42,6 +42,9 @@ def reported() -> Iterator[None]:
 def fail(exc: BaseException) -> NoReturn:
     """Print `exc` as one line (`error: ...`) and exit with status 2."""
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    cause = (str(exc.__cause__).strip().splitlines() or [""])[0] if exc.__cause__ is not None else ""
+    if cause and cause not in text:  # e.g. Hydra's "Error merging override x=y" says why only in its cause
+        text = f"{text}: {cause}"
     if isinstance(exc, OSError) and not isinstance(exc, PipelineError):
         text = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else text
     print(f"error: {text}" + ("" if os.environ.get(DEBUG_ENV) else f"  (set {DEBUG_ENV}=1 for the traceback)"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import sympy
@@ -18,7 +18,7 @@ from pipeline.errors import UnsupportedOperatorError
 from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
 from pipeline.tensorrt.builder import build_engine
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.constant_fold import attr, fold_constants
+from pipeline.tensorrt.constant_fold import attr, fold_constants, written_buffers
 from pipeline.tensorrt.engine_cache import EngineCache
 from pipeline.tensorrt.network import GraphSource
 from pipeline.tensorrt.partitioner import RECORD_KEY, is_operator, mark_refused, preserved_ops, propose, symbol_ranges
@@ -27,7 +27,8 @@ log = logging.getLogger("pipeline.compile")
 
 
 def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec: TensorRTCompileSpec | None = None,
-                   dynamic_shapes: Any = None, method: str = "forward", cache: EngineCache | None = None) -> ExportedProgram:
+                   dynamic_shapes: Any = None, method: str = "forward", cache: EngineCache | None = None,
+                   state: Collection[str] = ()) -> ExportedProgram:
     """Export `module` and replace its TensorRT-supported subgraphs by engine calls.
 
     Args:
@@ -37,22 +38,42 @@ def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec:
         dynamic_shapes: torch.export dynamic shapes for `example_inputs`.
         method: name used in progress messages and engine labels.
         cache: an engine cache to take engines from and put new ones into (`cache.events` says which).
+        state: buffers other methods of the same program write (`written_state`): where this
+            method only reads them, it still reads them at run time (ExecuTorch keeps a buffer
+            any method writes once for all methods), never as constants.
     Returns:
         An engine-bearing `ExportedProgram` (saves with `torch.export.save`).
     """
-    spec = (spec or TensorRTCompileSpec()).for_method(method)
-    args = tuple(example_inputs)
+    program = export_method(module, example_inputs, dynamic_shapes)
+    return compile_program(program, example_inputs, spec, method, cache, state)
+
+
+def export_method(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_shapes: Any = None) -> ExportedProgram:
+    """`torch.export` with the decompositions the converters expect (the ops they take whole are kept)."""
     table = torch.export.default_decompositions()
     for op in preserved_ops(table):
         table.pop(op)
-    program = torch.export.export(module.eval(), args, dynamic_shapes=dynamic_shapes).run_decompositions(table)
+    return torch.export.export(module.eval(), tuple(example_inputs), dynamic_shapes=dynamic_shapes).run_decompositions(table)
+
+
+def written_state(programs: Iterable[ExportedProgram]) -> frozenset[str]:
+    """The buffers any of a program's methods writes (a KV cache, a step counter): its state."""
+    return frozenset(name for p in programs for name in p.graph_signature.buffers_to_mutate.values())
+
+
+def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spec: TensorRTCompileSpec | None = None,
+                    method: str = "forward", cache: EngineCache | None = None,
+                    state: Collection[str] = ()) -> ExportedProgram:
+    """`compile_method` from an `export_method` program."""
+    spec = (spec or TensorRTCompileSpec()).for_method(method)
     spec = spec.with_symbol_ranges(symbol_ranges(program, spec))
     gm = program.module()
     _drop_metadata_asserts(gm)
-    fold_constants(gm)
-    engines = _replace_partitions(gm, program.range_constraints, spec, method, cache)
+    state = written_buffers(gm) | frozenset(state)  # never constants: what a method reads, another may have written
+    fold_constants(gm, state)
+    engines = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
     log.info("method %r: %d TensorRT engine(s)", method, engines)
-    flat_args = torch.utils._pytree.tree_leaves(args)
+    flat_args = torch.utils._pytree.tree_leaves(tuple(example_inputs))
     return torch.export.export(gm, tuple(flat_args), dynamic_shapes=_flat_dims(program))
 
 
@@ -85,13 +106,16 @@ def _flat_dims(program: ExportedProgram) -> tuple[dict[int, Any], ...] | None:
 
 
 def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: TensorRTCompileSpec, method: str,
-                        cache: EngineCache | None) -> int:
+                        cache: EngineCache | None, state: frozenset[str]) -> int:
+    """Each claimable block becomes one engine call; the buffers in `state` (those the program
+    writes) reach engines as inputs at run time, the other buffers and weights are built in."""
     blocks, refused = propose(gm, spec)
     mark_refused(gm, refused)
     fused = fuse_by_partitions(gm, [dict.fromkeys(block) for block in blocks], prefix="fused_")
     calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
     for count, node in enumerate(calls):  # the label is the progress line: "engine 3/12 of method ..."
-        _replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}", cache)
+        _replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}", cache,
+                             state)
     count = len(calls)
     fused.graph.eliminate_dead_code()
     fused.delete_all_unused_submodules()
@@ -100,7 +124,7 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
 
 
 def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],
-                         spec: TensorRTCompileSpec, label: str, cache: EngineCache | None) -> None:
+                         spec: TensorRTCompileSpec, label: str, cache: EngineCache | None, state: frozenset[str]) -> None:
     sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     constants: dict[str, torch.Tensor | None] = {}
@@ -108,7 +132,7 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
     for ph, arg in zip(placeholders, call.args):
         assert isinstance(arg, torch.fx.Node)
         ph.meta.setdefault("val", arg.meta.get("val"))
-        if arg.op == "get_attr":
+        if arg.op == "get_attr" and str(arg.target) not in state:
             constants[ph.name] = attr(gm, str(arg.target))
         else:
             constants[ph.name] = None

@@ -21,6 +21,7 @@ import torch
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig, to_edge_transform_and_lower
 from executorch.exir._serialize._named_data_store import NamedDataStore
 from executorch.exir.backend.partitioner import Partitioner
+from executorch.exir.passes import MemoryPlanningPass
 from torch.export import ExportedProgram
 
 from pipeline import record
@@ -115,7 +116,7 @@ def write_program(manager: EdgeProgramManager, path: str | os.PathLike[str], *, 
     programs = {m: manager.exported_program(m) for m in manager.methods}
     sealed._config_methods = {**(manager._config_methods or {}), record.METHOD: record.placeholder(record.inputs_of(programs))}
     sealed._named_data_store = _place_engines(manager._named_data_store, external_data)
-    program = sealed.to_executorch(ExecutorchBackendConfig(external_constants=external_data))
+    program = sealed.to_executorch(_backend_config(programs, external_data))
     target = Path(path)
     base = target.with_suffix("")
     written = {"pte": target}
@@ -138,6 +139,27 @@ def write_program(manager: EdgeProgramManager, path: str | os.PathLike[str], *, 
                 written["etrecord"] = Path(f"{base}_etrecord.bin")
             os.replace(Path(tmp) / "program.pte", target)
     return written
+
+
+def _backend_config(programs: Mapping[str, ExportedProgram], external_data: bool) -> ExecutorchBackendConfig:
+    """How to emit the program: constants external or not. A program with state (buffers its
+    methods write, such as a KV cache) keeps each state buffer once for all methods (planned at
+    the same place in every method) and under its name, so that what prefill writes decode reads.
+
+    Raises:
+        ExportError: a state buffer does not start at zero (programs start their state at zero).
+    """
+    if not any(p.graph_signature.buffers_to_mutate for p in programs.values()):
+        return ExecutorchBackendConfig(external_constants=external_data)
+    for method, p in programs.items():
+        for fqn in set(p.graph_signature.buffers_to_mutate.values()):
+            value = p.state_dict.get(fqn)
+            value = value if value is not None else p.constants.get(fqn)  # a non-persistent buffer
+            if value is not None and bool(value.any()):
+                raise ExportError(f"buffer {fqn!r}, which method {method!r} writes, does not start at zero; a "
+                                  "program's state starts at zero: set its first value in a method instead")
+    return ExecutorchBackendConfig(external_constants=external_data, emit_mutable_buffer_names=True,
+                                   memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True))
 
 
 def _place_engines(store: NamedDataStore, external: bool) -> NamedDataStore:

@@ -1,5 +1,6 @@
 """Stage intermediates, written and read here only: one `.pt2` per method after compile (torch's
-export archive) and one `.edge` per method after export and transform (ExecuTorch's serde). Reading
+export archive) and one `.edge` per method after export and transform (ExecuTorch's serde), and
+beside them the program's constant methods (`constants.json`, e.g. a decoder's `max_cache_len`). Reading
 never runs code: an archive that asks for unpickling is refused before torch reads it, and every
 `torch.load` inside runs weights-only."""
 
@@ -11,16 +12,20 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager
 from torch.export import ExportedProgram
 
 from pipeline.errors import ArtifactError
+from pipeline.files import write_json
 
+# The constant methods a program carries, {name: value}, beside a step's per-method files.
+CONSTANTS = "constants.json"
 # Archive members torch's loader unpickles (torchbind and opaque constants), by name prefix.
 _PICKLED = ("custom_obj_", "opaque_obj_")
 
@@ -50,8 +55,10 @@ def load_exported(path: str | Path) -> ExportedProgram:
 
 
 def save_edge(manager: EdgeProgramManager, methods: list[str], out_dir: Path) -> None:
+    """Each method's `.edge` program, and the manager's constant methods (`CONSTANTS`) if any."""
     from executorch.exir.serde.serialize import save
 
+    save_constants(manager._config_methods, out_dir)
     for m in methods:
         program = manager.exported_program(m)
         _strip_provenance(program)
@@ -75,7 +82,20 @@ def load_edge(methods: list[str], in_dir: str | Path) -> EdgeProgramManager:
         except Exception as exc:
             raise ArtifactError(f"{path} cannot be loaded as an Edge program ({type(exc).__name__}); run the "
                                 "stage that writes it again") from exc
-    return EdgeProgramManager(programs, compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    return EdgeProgramManager(programs, constant_methods=load_constants(in_dir),
+                              compile_config=EdgeCompileConfig(_check_ir_validity=False))
+
+
+def save_constants(constants: Mapping[str, Any] | None, out_dir: Path) -> None:
+    """Write the program's constant methods beside a step's per-method files (nothing if none)."""
+    if constants:
+        write_json(out_dir / CONSTANTS, dict(constants))
+
+
+def load_constants(in_dir: str | Path) -> dict[str, Any] | None:
+    """The constant methods a step's output folder carries, if any."""
+    path = Path(in_dir) / CONSTANTS
+    return dict(json.loads(path.read_text())) if path.exists() else None
 
 
 def _strip_provenance(program: ExportedProgram) -> None:

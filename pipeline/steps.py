@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import pte, toolchain
-from pipeline.compile import compile_method
+from pipeline.compile import compile_program, export_method, written_state
 from pipeline.config import objects
 from pipeline.export import export, write_program
 from pipeline.files import atomic_dir, write_json
-from pipeline.intermediates import load_edge, load_exported, save_edge, save_exported
+from pipeline.intermediates import load_constants, load_edge, load_exported, save_constants, save_edge, save_exported
 
 log = logging.getLogger("pipeline")
 
@@ -35,16 +35,23 @@ def run_compile(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     model = objects.model(cfg)
     cache = objects.engine_cache(cfg)
     timings: dict[str, Any] = {}
+    methods = cfg["model"]["methods"]
+    inputs = {m: objects.example_inputs(spec, cfg["model"]["seed"]) for m, spec in methods.items()}
+    exported = {}
+    for method, spec in methods.items():  # first all, for the buffers any method writes (the program's state)
+        with step(f"compile: exporting method {method!r} of {cfg['model']['name']}") as seconds:
+            exported[method] = export_method(objects.method_module(model, spec), inputs[method],
+                                             objects.dynamic_shapes(spec, spec.get("function", "forward")))
+        timings[method] = seconds()
+    state = written_state(exported.values())
     with atomic_dir(out_dir) as tmp:
-        for method, spec in cfg["model"]["methods"].items():
+        save_constants(getattr(model, "program_constants", None), tmp)  # values the model asks its program to carry
+        for method in methods:
             with step(f"compile: method {method!r} of {cfg['model']['name']}") as seconds:
-                program = compile_method(
-                    objects.method_module(model, spec), objects.example_inputs(spec, cfg["model"]["seed"]),
-                    objects.compile_spec(cfg, method), objects.dynamic_shapes(spec, spec.get("function", "forward")),
-                    method, cache,
-                )
+                program = compile_program(exported[method], inputs[method], objects.compile_spec(cfg, method), method,
+                                          cache, state)
                 save_exported(program, tmp / f"{method}.pt2")
-            timings[method] = round(seconds(), 2)
+            timings[method] = round(timings[method] + seconds(), 2)
     timings["total"] = round(time.perf_counter() - start, 2)
     if cache is not None:  # here, not in report.json: a cached output must not differ between a hit and a miss
         timings["engine_cache"] = {"hits": sum(e.hit for e in cache.events), "misses": sum(not e.hit for e in cache.events),
@@ -69,7 +76,8 @@ def run_export(cfg: Mapping[str, Any], compiled: str | Path, out_dir: str | Path
     programs = {m: load_exported(Path(compiled) / f"{m}.pt2") for m in methods}
     with step(f"export: lowering {', '.join(methods)}"):
         manager = export(programs, partitioners={m: objects.partitioners(cfg, m) for m in methods},
-                         compile_specs={m: objects.compile_spec(cfg, m) for m in methods})
+                         compile_specs={m: objects.compile_spec(cfg, m) for m in methods},
+                         constant_methods=load_constants(compiled))
     with atomic_dir(out_dir) as tmp:
         save_edge(manager, methods, tmp)
     write_json(report, manager.tensorrt_report)  # type: ignore[attr-defined]

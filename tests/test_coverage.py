@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.compile import compile_method
-from pipeline.coverage.run import run_suite
+from pipeline.coverage.run import row_key, run_suite, suite_config
 from pipeline.coverage.suite import FAST, Entry, entries, select
 from pipeline.export import export, save
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
@@ -36,6 +36,17 @@ def test_fast_slice_lowers_whole_and_a_second_run_builds_nothing(tmp_path: Path)
     assert "| model | precision | lowered whole |" in markdown and "timm/lcnet_050" in markdown
     again = subprocess.run(command, capture_output=True, text=True, check=True)
     assert f"0 model(s) to build, {len(FAST)} kept" in again.stderr + again.stdout, first.stderr[-2000:]
+
+
+def test_overrides_apply_to_every_build_and_a_bad_one_is_one_line(tmp_path: Path) -> None:
+    entry = select(["timm/lcnet_050"])[0]
+    assert row_key(entry, "fp32") != row_key(entry, "fp32", ["compile.allow_tf32=false"])  # a row per configuration
+    assert suite_config("fp32", ["compile.allow_tf32=false"]).compile.allow_tf32 is False
+    run = subprocess.run([sys.executable, "-m", "pipeline.coverage", "timm/lcnet_050", "--set", "compile.allow_tf32=maybe",
+                          "--out", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.startswith(
+        "error: Error merging override compile.allow_tf32=maybe: Value 'maybe' is not a valid bool"), run.stderr
+    assert not (tmp_path / "rows").exists()  # refused before anything was built
 
 
 def test_a_failing_model_gets_a_row_and_the_others_go_on(tmp_path: Path) -> None:

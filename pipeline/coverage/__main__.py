@@ -9,7 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline.coverage.run import PRECISIONS, run_suite, summary
+from pipeline.cli import reported
+from pipeline.coverage.run import PRECISIONS, run_suite, suite_config, summary
 from pipeline.coverage.suite import select
 
 
@@ -23,14 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one model may take")
     parser.add_argument("--out", type=Path, default=Path("build/coverage"))
     parser.add_argument("--keep", action="store_true", help="keep every .pte under <out>/programs/")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of every build, e.g. compile.allow_tf32=false (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
+    with reported():
         entries = select(args.models or None, args.slice)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    rows = run_suite(entries, args.precision, args.out, args.jobs, args.timeout, args.keep)
+        suite_config(args.precision, args.overrides)
+    rows = run_suite(entries, args.precision, args.out, args.jobs, args.timeout, args.keep, overrides=args.overrides)
     s = summary(rows)
     print(f"{s['lowered_whole']}/{s['models']} lowered whole ({s['lowered_whole_pct']} %), {s['failed']} failed; "
           f"table: {args.out / f'coverage-{args.precision}.md'}")

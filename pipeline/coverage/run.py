@@ -18,7 +18,7 @@ import signal
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +29,31 @@ log = logging.getLogger("pipeline.coverage")
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 
-def row_key(entry: Entry, precision: str) -> str:
-    """What a row depends on: the model's config section, the precision, the toolchain and the code."""
+def row_key(entry: Entry, precision: str, overrides: Sequence[str] = ()) -> str:
+    """What a row depends on: the model's config section, the precision and other config overrides,
+    the toolchain and the code."""
     from pipeline.tensorrt.engine_cache import toolchain_id
 
-    digest = hashlib.sha256(json.dumps([entry.model, precision, toolchain_id(), _code(), _versions()], sort_keys=True).encode())
-    return digest.hexdigest()
+    parts = [entry.model, precision, *([list(overrides)] if overrides else []), toolchain_id(), _code(), _versions()]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def build_row(entry: Entry, precision: str, keep: Path | None = None) -> dict[str, Any]:
+def suite_config(precision: str, overrides: Sequence[str] = ()) -> Any:
+    """The composed config every suite build starts from: the defaults, the precision, `overrides`."""
+    from pipeline.config.compose import compose
+
+    return compose([*([] if precision == "fp32" else [f"compile.precision={precision}"]), *overrides])
+
+
+def build_row(entry: Entry, precision: str, keep: Path | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Build one suite model into a `.pte` (in `keep`, or a temporary folder) and return its row."""
     from omegaconf import OmegaConf, open_dict
 
     from pipeline import steps
-    from pipeline.config.compose import compose
     from pipeline.config.schema import ModelConfig
     from pipeline.config.validate import validate
 
-    cfg = compose([] if precision == "fp32" else [f"compile.precision={precision}"])
+    cfg = suite_config(precision, overrides)
     with open_dict(cfg):
         cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), entry.model)
     validate(cfg)
@@ -73,10 +80,11 @@ def build_row(entry: Entry, precision: str, keep: Path | None = None) -> dict[st
 
 def run_suite(entries: Iterable[Entry], precision: str, out: Path, jobs: int = 2, timeout: float = 3600,
               keep: bool = False, deadline: float | None = None,
-              after: Callable[[Entry], None] | None = None) -> list[dict[str, Any]]:
+              after: Callable[[Entry], None] | None = None, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Rows of every entry (built, or kept from an earlier run with the same key); writes the table.
 
     Args:
+        overrides: config overrides of every build (Hydra syntax, e.g. "compile.allow_tf32=false").
         keep: keep each program under `<out>/programs/<model>/<precision>/`.
         deadline: seconds after which no further build starts (the rows so far are returned).
         after: also run in each build's process, after the build (e.g. a reference build); picklable.
@@ -86,13 +94,15 @@ def run_suite(entries: Iterable[Entry], precision: str, out: Path, jobs: int = 2
     rows: dict[str, dict[str, Any]] = {}
     todo = []
     for entry in entries:
-        key = row_key(entry, precision)
-        path = out / "rows" / f"{entry.name.replace('/', '__')}.{precision}.json"
-        kept = json.loads(path.read_text()) if path.exists() else None
-        if kept is not None and kept.get("key") == key and kept["row"]["status"] == "ok":
-            rows[entry.name] = kept["row"]
+        key = row_key(entry, precision, overrides)
+        kept = kept_row(out, entry, precision, key)
+        if kept is not None and kept["status"] == "ok":
+            rows[entry.name] = kept
         else:
-            todo.append((entry, key, path))
+            todo.append((entry, key, row_path(out, entry, precision)))
+    # Longest first, by the time an earlier row took (models never built first): the slowest builds
+    # do not start last and stretch the run.
+    todo.sort(key=lambda item: -_last_build_s(item[2]))
     log.info("coverage: %d model(s) to build, %d kept from earlier runs", len(todo), len(rows))
     # A fresh interpreter per build: forking would copy a CUDA context the parent may hold, and a
     # crash or leak of one build cannot touch the next.
@@ -107,7 +117,8 @@ def run_suite(entries: Iterable[Entry], precision: str, out: Path, jobs: int = 2
             entry, key, path = todo.pop(0)
             log.info("coverage: building %s (%s)", entry.name, precision)
             programs = out / "programs" / entry.name.replace("/", "__") / precision if keep else None
-            proc = spawn.Process(target=_build_child, args=(entry, precision, key, path, programs, threads, after))
+            proc = spawn.Process(target=_build_child,
+                                 args=(entry, precision, key, path, programs, threads, after, tuple(overrides)))
             proc.start()
             running.append((entry, key, path, proc, time.monotonic()))
         time.sleep(0.2)
@@ -127,12 +138,31 @@ def run_suite(entries: Iterable[Entry], precision: str, out: Path, jobs: int = 2
             rows[entry.name] = json.loads(path.read_text())["row"]
             log.info("coverage: %s %s", entry.name, _status(rows[entry.name]))
     ordered = [rows[e.name] for e in dict.fromkeys(entries) if e.name in rows]
-    write_table(ordered, precision, out)
+    write_table(ordered, precision, out, overrides)
     return ordered
 
 
+def row_path(out: Path, entry: Entry, precision: str) -> Path:
+    return out / "rows" / f"{entry.name.replace('/', '__')}.{precision}.json"
+
+
+def kept_row(out: Path, entry: Entry, precision: str, key: str) -> dict[str, Any] | None:
+    """The row an earlier build wrote for this entry, if its key is still `key`."""
+    path = row_path(out, entry, precision)
+    kept = json.loads(path.read_text()) if path.exists() else None
+    if kept is None or kept.get("key") != key:
+        return None
+    return dict(kept["row"])
+
+
+def _last_build_s(path: Path) -> float:
+    if not path.exists():
+        return float("inf")
+    return float(json.loads(path.read_text())["row"].get("build_s", 0.0))
+
+
 def _build_child(entry: Entry, precision: str, key: str, path: Path, programs: Path | None, threads: int,
-                 after: Callable[[Entry], None] | None) -> None:
+                 after: Callable[[Entry], None] | None, overrides: tuple[str, ...]) -> None:
     """One build in its own process: writes its row (a failure is a row too); only a crash leaves none."""
     import torch
 
@@ -140,7 +170,7 @@ def _build_child(entry: Entry, precision: str, key: str, path: Path, programs: P
     logging.getLogger("pipeline").setLevel(logging.WARNING)
     start = time.perf_counter()
     try:
-        row = build_row(entry, precision, programs)
+        row = build_row(entry, precision, programs, overrides)
     except Exception as exc:  # the row records any failure; the suite goes on
         first = (str(exc).strip().splitlines() or [""])[0]
         row = _failed(entry, precision, f"{type(exc).__name__}: {first[:400]}", time.perf_counter() - start)
@@ -174,11 +204,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "lowered_whole_pct": round(100.0 * whole / len(rows), 1) if rows else 0.0}
 
 
-def write_table(rows: list[dict[str, Any]], precision: str, out: Path) -> None:
+def write_table(rows: list[dict[str, Any]], precision: str, out: Path, overrides: Sequence[str] = ()) -> None:
     """`<out>/coverage-<precision>.json` (summary and rows, for DVC) and `.md` (the table)."""
-    write_json(out / f"coverage-{precision}.json", {"summary": summary(rows), "rows": rows})
+    write_json(out / f"coverage-{precision}.json", {"summary": summary(rows), "overrides": list(overrides), "rows": rows})
     s = summary(rows)
-    lines = [f"{s['lowered_whole']} of {s['models']} models ({s['lowered_whole_pct']} %) lowered whole at {precision}; "
+    also = f" with {' '.join(overrides)}" if overrides else ""
+    lines = [f"{s['lowered_whole']} of {s['models']} models ({s['lowered_whole_pct']} %) lowered whole at {precision}{also}; "
              f"{s['failed']} failed.", "",
              "| model | precision | lowered whole | engines | ops left outside (reason) | build s | .pte MB |",
              "|---|---|---|---|---|---|---|"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.errors import ConfigError
+
 # Built in the CI slice (`--slice fast`): one of each family and source, each a few seconds to build.
 FAST = ("torchvision/squeezenet1_1", "torchvision/shufflenet_v2_x0_5", "timm/lcnet_050", "timm/vit_tiny_patch16_224",
         "hf/bert_tiny")
@@ -110,7 +112,7 @@ def select(names: list[str] | None = None, slice_: str = "all") -> list[Entry]:
         picked = [e for e in chosen if any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for n in names)]
         unknown = [n for n in names if not any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for e in chosen)]
         if unknown:
-            raise ValueError(f"not in the suite: {unknown}; names look like 'timm/resnet50' or a prefix like 'hf/'")
+            raise ConfigError(f"not in the suite: {unknown}; names look like 'timm/resnet50' or a prefix like 'hf/'")
         chosen = picked
     return chosen
 
@@ -120,5 +122,5 @@ def _timm_input(name: str) -> list[int]:
 
     cfg = get_pretrained_cfg(name)
     if cfg is None:
-        raise ValueError(f"timm has no default config for {name!r}")
+        raise ConfigError(f"timm has no default config for {name!r}")
     return list(cfg.input_size)

@@ -1,5 +1,6 @@
-"""Hugging Face `transformers` encoders built from a config with seeded random weights (nothing is
-downloaded): the model class and its config class are looked up by architecture name."""
+"""Hugging Face `transformers` models built from a config with seeded random weights (nothing is
+downloaded): encoders, and causal decoders with a static KV cache; the model class and its config
+class are looked up by architecture name."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pipeline import dtypes
 from pipeline.errors import ConfigError
 from pipeline.models.registry import model_factory
 
@@ -65,3 +67,81 @@ def encoder(architecture: str, **config: Any) -> torch.nn.Module:
     if architecture == "whisper_encoder":
         model = model.get_encoder()
     return Encoder(model.eval(), takes)
+
+
+# architecture -> (causal LM class, config class)
+DECODERS = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig"),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config"),
+}
+
+
+FLOATS = ("float32", "float16", "bfloat16")
+
+
+class Decoder(torch.nn.Module):
+    """A `transformers` causal LM with its KV cache as buffers, as `transformers` exports for
+    ExecuTorch (`TorchExportableModuleWithStaticCache`: a static cache of `max_cache_len` positions,
+    the cache position an input). `prefill` writes the prompt at positions 0..T-1, `decode` one
+    token at `position`; both return the logits of every token given."""
+
+    def __init__(self, model: Any, max_cache_len: int) -> None:  # a transformers PreTrainedModel
+        super().__init__()
+        from transformers import GenerationConfig
+        from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+        model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static", max_length=max_cache_len,
+                                                   cache_config={"batch_size": 1, "max_cache_len": max_cache_len})
+        self.max_cache_len = max_cache_len
+        self.model = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
+
+    @property
+    def program_constants(self) -> dict[str, int]:
+        """Stored in the program as constant methods: what `pipeline.runtime.generate` checks against."""
+        return {"max_cache_len": self.max_cache_len}
+
+    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._run(tokens, torch.arange(tokens.shape[1], device=tokens.device))
+
+    def decode(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        return self._run(token, position)
+
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # The cache object holds its own references to the tensors registered as buffers; point it
+        # at the module's buffers as they are now, so that torch.export (which swaps in its own
+        # tensors for buffers) sees the writes as buffer mutations and not as writes to constants.
+        layers: list[Any] = list(self.model.static_cache.layers)
+        for i, layer in enumerate(layers):
+            layer.keys = getattr(self.model, f"key_cache_{i}")
+            layer.values = getattr(self.model, f"value_cache_{i}")
+            if hasattr(self.model, f"cumulative_length_{i}"):
+                layer.cumulative_length = getattr(self.model, f"cumulative_length_{i}")
+        return self.model(input_ids=tokens, cache_position=positions)
+
+    def forward(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        return self.decode(token, position)
+
+
+@model_factory
+def decoder(architecture: str, max_cache_len: int, dtype: str = "float32", **config: Any) -> torch.nn.Module:
+    """The causal decoder of `architecture` (a key of `DECODERS`) with a KV cache of `max_cache_len`
+    positions, weights and cache in `dtype`, its config's defaults overridden by `config`
+    (hidden_size, num_hidden_layers, ...). Inference only: no parameter requires grad.
+
+    Raises:
+        ConfigError: an unknown architecture or dtype, or a cache of no positions.
+    """
+    if architecture not in DECODERS:
+        raise ConfigError(f"model.kwargs.architecture = {architecture!r} is not one of {sorted(DECODERS)}")
+    if int(max_cache_len) < 1:
+        raise ConfigError(f"model.kwargs.max_cache_len = {max_cache_len} must be at least 1")
+    row = dtypes.by_name(dtype)
+    if row is None or not row.torch.is_floating_point:
+        raise ConfigError(f"model.kwargs.dtype = {dtype!r} is not a floating-point dtype ({', '.join(FLOATS)})")
+    import transformers
+
+    model_name, config_name = DECODERS[architecture]
+    cfg = getattr(transformers, config_name)(**config)
+    cfg._attn_implementation = "sdpa"  # one scaled_dot_product_attention per layer (GQA included)
+    model = getattr(transformers, model_name)(cfg).to(row.torch).eval().requires_grad_(False)
+    return Decoder(model, int(max_cache_len)).eval()

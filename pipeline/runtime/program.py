@@ -22,7 +22,7 @@ from pipeline.errors import InputError, RuntimeUnavailableError
 from pipeline.pte import ProgramFile, read
 from pipeline.runtime.delegates import TensorRTDelegate, make_delegate
 from pipeline.runtime.kernels import resolve
-from pipeline.runtime.values import dtype_of, materialise
+from pipeline.runtime.values import dtype_of, materialise, state_arenas
 from pipeline.tensor_spec import TensorSpec
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.engine_runner import RuntimeOptions
@@ -43,7 +43,7 @@ class Method:
         self.name = plan.name
         self._plan = plan
         self._program = program
-        self._values = materialise(plan, program.raw, program.file.named, program.device)
+        self._values = materialise(plan, program.raw, program.file.named, program.device, program.state)
         self._steps = [self._step(i) for chain in plan.chains for i in chain.instructions]
         kinds = {type(i.instr_args).__name__ for c in plan.chains for i in c.instructions}
         self._has_kernels = "KernelCall" in kinds
@@ -202,10 +202,29 @@ class Program:
         if self.stream is not None:  # reused for every call's handoffs (creating events costs a driver call)
             self._caller_ready, self._program_done = torch.cuda.Event(), torch.cuda.Event()
         self._methods: dict[str, Method] = {}
+        # Buffers the methods write (a KV cache): one copy for the program, kept across calls.
+        self.state = state_arenas([p for p in self.raw.execution_plan if p.name != record.METHOD], self.device)
 
     @property
     def method_names(self) -> list[str]:
         return [p.name for p in self.raw.execution_plan if p.name != record.METHOD]
+
+    @property
+    def constant_names(self) -> list[str]:
+        """The program's constant methods (no inputs, no instructions: they return a stored value)."""
+        return [p.name for p in self.raw.execution_plan if p.name != record.METHOD and _constant_plan(p)]
+
+    def constant(self, name: str) -> Any:
+        """The value a constant method returns (an int, float, bool or string)."""
+        plans = {p.name: p for p in self.raw.execution_plan if p.name in self.constant_names}
+        if name not in plans:
+            raise KeyError(f"program has no constant method {name!r}; it has {sorted(plans)}")
+        plan = plans[name]
+        val = plan.values[plan.outputs[0]].val
+        kind = type(val).__name__
+        if kind in ("Int", "Bool"):
+            return val.int_val if kind == "Int" else val.bool_val
+        return float(val.double_val) if kind == "Double" else val.string_val
 
     def input_specs(self, plan: Any) -> list[TensorSpec | None]:
         """What each input of `plan` may be: the program record's bounds, or for programs without
@@ -261,6 +280,11 @@ class Program:
     def synchronize(self) -> None:
         if self.stream is not None:
             self.stream.synchronize()
+
+
+def _constant_plan(plan: Any) -> bool:
+    return not plan.inputs and len(plan.outputs) == 1 and not any(c.instructions for c in plan.chains) and type(
+        plan.values[plan.outputs[0]].val).__name__ in ("Int", "Bool", "Double", "String")
 
 
 def load(pte: str | Path, ptd: str | Path | None = None, options: RuntimeOptions | None = None,

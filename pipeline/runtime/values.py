@@ -20,13 +20,17 @@ def dtype_of(scalar_type: Any) -> torch.dtype:
     return row.torch
 
 
-def materialise(plan: Any, program: Any, named: Mapping[str, Any], device: torch.device) -> list[Any]:
+def materialise(plan: Any, program: Any, named: Mapping[str, Any], device: torch.device,
+                state: Mapping[int, torch.Tensor] | None = None) -> list[Any]:
     """One Python object per value of `plan`; list values stay as index lists (resolved per call).
 
     Planned tensors are views into one arena per memory id at their planned offsets, exactly as
     ExecuTorch lays them out: memory-planned views (no instruction writes them) alias their source.
+    `state` holds the program's own arenas (memory id -> bytes), shared by all its methods.
     """
-    arenas = [torch.zeros(int(size), dtype=torch.uint8, device=device) for size in plan.non_const_buffer_sizes]
+    state = state or {}
+    arenas = [state[i] if i in state else torch.zeros(int(size), dtype=torch.uint8, device=device)
+              for i, size in enumerate(plan.non_const_buffer_sizes)]
     out: list[Any] = []
     for value in plan.values:
         val = value.val
@@ -94,3 +98,31 @@ def _from_bytes(data: bytes, dtype: torch.dtype, sizes: list[int], device: torch
         count *= s
     flat = torch.frombuffer(bytearray(data), dtype=dtype, count=count) if count else torch.empty(0, dtype=dtype)
     return flat.reshape(sizes).to(device)
+
+
+def state_arenas(plans: list[Any], device: torch.device) -> dict[int, torch.Tensor]:
+    """The program's state: the memory ids that hold its named mutable buffers (a KV cache, which
+    ExecuTorch plans at the same place in every method when it shares them), one zeroed arena each,
+    for every method to use, so that what one method writes the next reads.
+
+    Raises:
+        RuntimeUnavailableError: a buffer is planned at different places in different methods
+            (then the methods could not share it).
+    """
+    where: dict[str, tuple[int, int]] = {}
+    sizes: dict[int, int] = {}
+    for plan in plans:
+        for value in plan.values:
+            t = value.val
+            info: Any = getattr(t, "extra_tensor_info", None)
+            name = getattr(info, "fully_qualified_name", None)
+            if not name or int(getattr(info.location, "value", 0)) != 0 or t.allocation_info is None:
+                continue
+            place = (int(t.allocation_info.memory_id),
+                     int(t.allocation_info.memory_offset_low) + (int(t.allocation_info.memory_offset_high) << 32))
+            if where.setdefault(name, place) != place:
+                raise RuntimeUnavailableError(
+                    f"buffer {name!r} is planned at {where[name]} in one method and {place} in another; "
+                    "serialize with shared mutable buffers so the methods share it")
+            sizes[place[0]] = max(sizes.get(place[0], 0), int(plan.non_const_buffer_sizes[place[0]]))
+    return {i: torch.zeros(size, dtype=torch.uint8, device=device) for i, size in sizes.items()}

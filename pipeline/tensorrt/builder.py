@@ -66,8 +66,9 @@ class BuiltEngine:
     num_layers: int
 
 
-def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkDefinition) -> Any:
-    """A TensorRT builder configuration with every compile-spec field applied.
+def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkDefinition | None = None) -> Any:
+    """A TensorRT builder configuration with every compile-spec field applied (and the optimization
+    profile of `definition`'s dynamic inputs; a network of static shapes needs none).
 
     Raises:
         CompileSpecError: a field this TensorRT flavour cannot honour (e.g. compute capabilities
@@ -88,7 +89,7 @@ def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkD
     if spec.timing_cache_path:
         data = Path(spec.timing_cache_path).read_bytes() if os.path.exists(spec.timing_cache_path) else b""
         config.set_timing_cache(config.create_timing_cache(data), ignore_mismatch=False)
-    profile = optimization_profile(builder, definition)
+    profile = optimization_profile(builder, definition) if definition is not None else None
     if profile is not None:
         config.add_optimization_profile(profile)
     return config

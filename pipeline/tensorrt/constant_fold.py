@@ -1,11 +1,14 @@
 """Constant folding before partitioning: every operator whose inputs are all constants (weights,
-buffers, literals) is computed once at compile time and becomes a constant of the program. Position
-ids, attention masks and relative-position tables that models build in `forward` then cost nothing
-at run time, and never leave an op without a converter, or an engine without inputs, behind."""
+buffers the program never writes, literals) is computed once at compile time and becomes a constant
+of the program. Position ids, attention masks and relative-position tables that models build in
+`forward` then cost nothing at run time, and never leave an op without a converter, or an engine
+without inputs, behind. A buffer the program writes (a KV cache, a step counter) is state, never a
+constant: its value is the last call's."""
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -16,12 +19,13 @@ from torch._ops import OpOverload
 MAX_FOLDED_BYTES = 1 << 26
 
 
-def fold_constants(gm: torch.fx.GraphModule) -> int:
+def fold_constants(gm: torch.fx.GraphModule, state: Collection[str] = ()) -> int:
     """Replace constant-only subgraphs of `gm` (an unlifted module) by constants; returns how many
-    constants were made."""
+    constants were made. The buffers `gm` writes, and those in `state`, are not constants."""
     values: dict[torch.fx.Node, Any] = {}
+    state = written_buffers(gm) | frozenset(state)
     for node in gm.graph.nodes:
-        if node.op == "get_attr":
+        if node.op == "get_attr" and str(node.target) not in state:
             values[node] = attr(gm, str(node.target))
         elif _foldable(node) and all(n in values for n in node.all_input_nodes):
             args, kwargs = torch.fx.map_arg((node.args, node.kwargs), values.__getitem__)
@@ -47,6 +51,16 @@ def fold_constants(gm: torch.fx.GraphModule) -> int:
         gm.delete_all_unused_submodules()
         gm.recompile()
     return folded
+
+
+def written_buffers(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """The buffers an unlifted module writes (its state): the targets its write-backs (`copy_`
+    into a buffer, as torch.export unlifts a buffer mutation) go to."""
+    return frozenset(
+        str(node.args[0].target) for node in gm.graph.nodes
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+        and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "get_attr"
+    )
 
 
 def _foldable(node: torch.fx.Node) -> bool:

@@ -171,7 +171,7 @@ def canonical_graph(source: GraphSource) -> Iterator[bytes]:
         if constant is not None:
             tensor = constant.detach().cpu().contiguous()
             yield f"const|{tensor.dtype}|{list(tensor.shape)}|".encode()
-            yield hashlib.sha256(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"").digest()
+            yield hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"").digest()
     for symbol, bound in sorted((str(k), v) for k, v in source.range_constraints.items()):
         if symbol in symbols:
             yield f"range|{symbol}|{bound.lower}|{bound.upper}\n".encode()

@@ -138,6 +138,7 @@ class TensorRTPartitioner(Partitioner):
         if self.claim_ops:
             self._claim_ops(graph_module, spec, tags, record)
         tag_constant_data(exported_program)
+        _untag_state(exported_program)
         self.record = record
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
 
@@ -215,3 +216,13 @@ def _is_view(op: Any) -> bool:
 
 def _name(target: Any) -> str:
     return str(aten_op(target)).split(":")[0]
+
+
+def _untag_state(program: ExportedProgram) -> None:
+    """Buffers that engines take as inputs stay the program's: the compile step builds every other
+    buffer and weight into the engines, so these are state (a KV cache some method writes), read at
+    run time. (`tag_constant_data` would hand them to the delegate as constant data.)"""
+    for node in program.graph_module.graph.nodes:
+        if node.op == "placeholder" and node.name in program.graph_signature.inputs_to_buffers and any(
+                is_engine_call(user) and node in user.args[0] for user in node.users):  # an input, not the engine
+            node.meta.pop("delegation_tag", None)

@@ -45,6 +45,24 @@ def test_second_compile_takes_the_engine_from_the_cache(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("*.engine"))) == 1
 
 
+class _ScalarBuffer(torch.nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(scale))  # a 0-d constant reaches the engine whole
+        self.linear = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale
+
+
+def test_zero_dimensional_constants_are_keyed_by_value(tmp_path: Path) -> None:
+    cache = EngineCache(str(tmp_path))
+    for scale in (2.0, 2.0, 3.0):
+        torch.manual_seed(0)
+        compile_method(_ScalarBuffer(scale), (X,), cache=cache)
+    assert [e.hit for e in cache.events] == [False, True, False]
+
+
 @pytest.mark.parametrize("change, hit", [
     ({"seed": 1}, False),                       # other weights
     ({"x": torch.randn(2, 16)}, False),         # other input shape

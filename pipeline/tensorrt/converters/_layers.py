@@ -39,6 +39,19 @@ def unsqueeze_to(ctx: ConversionContext, x: Any, rank: int) -> Any:
     return ctx.reshape(x, [1] * missing + ctx.dims(x))
 
 
+def broadcast(ctx: ConversionContext, x: Any, target: Sequence[Any]) -> Any:
+    """`x` (already of the target's rank) repeated along its unit dims to `target` (ints and
+    ITensors): a slice with stride 0 there. A dynamic dim of `x` is never broadcast (torch requires
+    it to equal the target's or be 1)."""
+    strides = tuple(0 if d == 1 else 1 for d in x.shape)
+    static = all(isinstance(d, int) for d in target)
+    layer = ctx.network.add_slice(x, (0,) * len(target), tuple(int(d) for d in target) if static else (1,) * len(target),
+                                  strides)
+    if not static:
+        layer.set_input(2, ctx.shape_tensor(list(target)))
+    return layer.get_output(0)
+
+
 def promoted(ctx: ConversionContext, node: torch.fx.Node, a: Any, b: Any, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """Both operands as ITensors of one dtype and rank, following torch's promotion for `node`."""
     if dtype is None:

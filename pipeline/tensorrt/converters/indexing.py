@@ -1,5 +1,5 @@
-"""Converters that pick elements by index: index_select, gather, advanced indexing (`x[idx]`),
-padding with a constant, and repeat (tiling)."""
+"""Converters that pick or place elements by index: index_select, gather, advanced indexing
+(`x[idx]`), index_put (`x[..., idx] = v`), padding with a constant, and repeat (tiling)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import elementwise, ew_ops, norm_dim
+from pipeline.tensorrt.converters._layers import broadcast, elementwise, ew_ops, norm_dim, unsqueeze_to
 from pipeline.tensorrt.converters.registry import converter
 from pipeline.tensorrt.trt_api import trt
 
@@ -96,6 +96,35 @@ def index(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dic
         merged *= int(size)
     merged_x = ctx.reshape(x, sizes[:first] + [-1] + sizes[last + 1:]) if merged != 1 or last > first else x
     return ctx.network.add_gather(merged_x, flat, first).get_output(0)
+
+
+def _index_put_ok(node: Node, spec: Any) -> str | None:
+    if v.arg(node, 3, "accumulate", False):
+        return "index_put with accumulate=True (x[idx] += v) is not supported"
+    used = [t for t in node.args[1] if t is not None]
+    vals = [t.meta.get("val") for t in used]
+    if any(val.dtype in (torch.bool, torch.uint8) for val in vals):
+        return "boolean-mask index_put is not supported"
+    if len(used) != 1 or vals[0].dtype not in _INDEX_DTYPES or vals[0].dim() != 1:
+        return "index_put needs one 1-D int32/int64 index tensor (x[..., idx, ...] = v)"
+    return None
+
+
+@converter(aten.index_put.default, validator=_index_put_ok)
+def index_put(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`x[..., idx, ...] = values` with one 1-D index tensor at dim d (a KV cache written at its
+    positions): an element-wise scatter along d into a new tensor. Repeated indices leave which
+    value lands unspecified, as in torch."""
+    x, indices, values = args[0], list(args[1]), args[2]
+    d = next(i for i, t in enumerate(indices) if t is not None)
+    rank, sizes = len(x.shape), ctx.dims(x)
+    idx = _wrapped(ctx, indices[d], sizes[d])
+    target = sizes[:d] + [ctx.dims(idx)[0]] + sizes[d + 1:]  # the shape of x[..., idx, ...]
+    values = broadcast(ctx, unsqueeze_to(ctx, ctx.tensor(values, like=x, dtype=ctx.node_dtype(node)), rank), target)
+    idx = broadcast(ctx, ctx.reshape(idx, [1] * d + [-1] + [1] * (rank - d - 1)), target)
+    layer = ctx.network.add_scatter(x, idx, values, trt().ScatterMode.ELEMENT)
+    layer.axis = d
+    return layer.get_output(0)
 
 
 @converter(aten.constant_pad_nd.default, validator=v.NUMERIC)

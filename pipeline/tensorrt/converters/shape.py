@@ -10,7 +10,7 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import elementwise, ew_ops, norm_dim, out_val, unsqueeze_to
+from pipeline.tensorrt.converters._layers import broadcast, elementwise, ew_ops, norm_dim, out_val, unsqueeze_to
 from pipeline.tensorrt.converters.registry import converter
 
 aten = torch.ops.aten
@@ -75,14 +75,7 @@ def expand(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: di
     x = unsqueeze_to(ctx, args[0], len(sizes))
     in_dims = ctx.dims(x)
     target = [in_dims[i] if (isinstance(s, int) and s == -1) else s for i, s in enumerate(sizes)]
-    strides = [1 if (isinstance(d, int) and d != 1) else 0 for d in x.shape]
-    # A dynamic input dim is never broadcast (torch requires it to equal the target or be 1).
-    strides = [1 if d < 0 else s for d, s in zip(x.shape, strides)]
-    static = _static_shape(node)
-    layer = ctx.network.add_slice(x, (0,) * len(sizes), static or (1,) * len(sizes), tuple(strides))
-    if static is None:
-        layer.set_input(2, ctx.shape_tensor(target))
-    return layer.get_output(0)
+    return broadcast(ctx, x, _static_shape(node) or target)
 
 
 def _squeezed(node: Node) -> list[int]:

@@ -1,5 +1,5 @@
 """Converters for copies, aliases and dtype casts (`clone`, `alias`, `_to_copy`,
-`_to_dim_order_copy`): identities or cast layers inside the engine."""
+`_to_dim_order_copy`, functional `copy`): identities, cast or broadcast layers inside the engine."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
+from pipeline.tensorrt.converters._layers import broadcast, unsqueeze_to
 from pipeline.tensorrt.converters.registry import converter
 
 aten = torch.ops.aten
@@ -53,3 +54,11 @@ def clone_dim_order(ctx: ConversionContext, node: Node, args: tuple[Any, ...], k
 @converter(aten._to_copy.default, *_dim_order_op("_to_dim_order_copy"), validator=_contiguous_cast)
 def to_copy(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return ctx.cast(args[0], ctx.node_dtype(node))
+
+
+@converter(aten.copy.default, validator=v.NUMERIC)
+def copy(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`copy(x, src)`: src broadcast to x's shape, in x's dtype (x itself is not modified)."""
+    x, src = args[0], args[1]
+    src = unsqueeze_to(ctx, ctx.tensor(src, like=x, dtype=ctx.node_dtype(node)), len(x.shape))
+    return broadcast(ctx, src, ctx.dims(x))

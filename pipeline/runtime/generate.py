@@ -1,0 +1,105 @@
+"""Greedy generation with a decoder program: `prefill` on the prompt, then one `decode` call per
+new token, everything on the program's device. The next token is the argmax of the last logits,
+computed on the device; its position is kept on the device too; the token is read back once per
+step (the caller gets the tokens as they come, and that read is the only host sync a step has).
+
+The program says how many positions its KV cache holds (its constant method `max_cache_len`,
+which `pipeline.models.hf.decoder` programs carry): a prompt or a generation that would not fit is
+refused before anything runs, never wrapped around or written past the cache's end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from pipeline.errors import InputError
+from pipeline.runtime.program import Program
+
+CAPACITY_METHOD = "max_cache_len"
+
+
+def capacity(program: Program) -> int:
+    """Positions the program's KV cache holds (its `max_cache_len` constant method)."""
+    if CAPACITY_METHOD not in program.constant_names:
+        raise InputError(f"the program has no {CAPACITY_METHOD!r} constant method, so its cache size is unknown; "
+                         "build it from a decoder whose model declares it (pipeline.models.hf.decoder does)")
+    return int(program.constant(CAPACITY_METHOD))
+
+
+def generate(program: Program, prompt: torch.Tensor, max_new_tokens: int, prefill: str = "prefill",
+             decode: str = "decode") -> torch.Tensor:
+    """The prompt followed by `max_new_tokens` greedily chosen tokens, shape [1, T + max_new_tokens].
+
+    Raises:
+        InputError: the prompt is not one row of token ids, or the prompt and the new tokens would
+            not fit the cache (checked before anything runs).
+    """
+    new = list(stream(program, prompt, max_new_tokens, prefill, decode))
+    return torch.cat([prompt.cpu(), torch.tensor([new], dtype=prompt.dtype)], dim=1)
+
+
+def stream(program: Program, prompt: torch.Tensor, max_new_tokens: int, prefill: str = "prefill",
+           decode: str = "decode") -> Iterator[int]:
+    """The new tokens one at a time, as `generate` chooses them (checks first, as it does)."""
+    if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.dtype not in (torch.int32, torch.int64):
+        raise InputError(f"prompt must be one row of token ids, shape [1, T], int64; got {tuple(prompt.shape)} {prompt.dtype}")
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens = {max_new_tokens} must be at least 1")
+    length, room = prompt.shape[1], capacity(program)
+    # Every token but the last generated one is written to the cache: T + N - 1 positions.
+    if length + max_new_tokens - 1 > room:
+        raise InputError(f"a prompt of {length} tokens and {max_new_tokens} new ones need {length + max_new_tokens - 1} "
+                         f"cache positions; the program's cache holds {room} (shorten the prompt or generate fewer)")
+    return _steps(program, prompt, max_new_tokens, prefill, decode)
+
+
+def _steps(program: Program, prompt: torch.Tensor, max_new_tokens: int, prefill: str, decode: str) -> Iterator[int]:
+    device = program.device
+    step = program.method(decode)
+    with torch.no_grad():
+        logits = program.method(prefill).execute([prompt.to(device)], copy_outputs=False)[0]
+        token = logits[:, -1].argmax(-1, keepdim=True).to(prompt.dtype)  # [1, 1], on the device
+        position = torch.full((1,), prompt.shape[1], dtype=torch.int64, device=device)
+        for i in range(max_new_tokens):
+            yield int(token.item())
+            if i + 1 == max_new_tokens:
+                return
+            logits = step.execute([token, position], copy_outputs=False)[0]
+            token = logits[:, -1].argmax(-1, keepdim=True).to(prompt.dtype)
+            position += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.runtime.generate PROGRAM.pte --prompt "1 5 9" --max-new-tokens 16`:
+    prints the new tokens as they come, then the seconds per token."""
+    import argparse
+    import time
+
+    from pipeline.cli import reported
+    from pipeline.runtime.program import load
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.runtime.generate", description=main.__doc__)
+    parser.add_argument("pte", help="a decoder program (prefill and decode methods, max_cache_len)")
+    parser.add_argument("--ptd", default=None, help="its .ptd, when its data is external")
+    parser.add_argument("--prompt", required=True, help="token ids, space-separated")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    args = parser.parse_args(argv)
+    with reported():
+        try:
+            prompt = torch.tensor([[int(t) for t in args.prompt.split()]], dtype=torch.int64)
+        except ValueError as exc:
+            raise InputError(f"--prompt must be token ids separated by spaces, e.g. \"1 5 9\"; got {args.prompt!r}") from exc
+        program = load(args.pte, args.ptd)
+        start = time.perf_counter()
+        count = 0
+        for token in stream(program, prompt, args.max_new_tokens):
+            print(token, end=" ", flush=True)
+            count += 1
+        seconds = time.perf_counter() - start
+    print(f"\n{count} tokens in {seconds:.3f} s ({program.device.type})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Hugging Face decoders (Llama, Qwen2) built from configs: prefill and decode each lower into one
+TensorRT engine with nothing left outside, and the KV cache is the program's state: an input of
+both engines at run time, kept once for both methods. On a GPU: teacher-forced logits match eager
+`transformers` through prefill and decode steps."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import steps
+from pipeline.config import objects
+from pipeline.config.compose import compose
+from pipeline.runtime import load
+from tests.helpers import GPU
+
+MODELS = ["llama_tiny", "qwen2_tiny"]
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
+    cfg = compose([f"model={request.param}", "cache=off"])
+    out = tmp_path_factory.mktemp(request.param)
+    steps.run_all(cfg, out)
+    return cfg, out
+
+
+def test_prefill_and_decode_lower_whole_with_the_cache_as_state(built: tuple[object, Path]) -> None:
+    cfg, out = built
+    report = json.loads((out / "report.json").read_text())
+    assert {m: (r["num_engines"], r["left_over"]) for m, r in report.items()} == {"prefill": (1, []), "decode": (1, [])}
+    kwargs = cfg.model.kwargs  # type: ignore[attr-defined]
+    head_dim = kwargs.hidden_size // kwargs.num_attention_heads
+    cache_bytes = 2 * kwargs.num_hidden_layers * kwargs.num_key_value_heads * kwargs.max_cache_len * head_dim * 4
+    program = load(out / "program" / f"{cfg.model.name}.pte", device="cpu")  # type: ignore[attr-defined]
+    (state,) = program.state.values()  # one arena, both methods'
+    assert program.constant("max_cache_len") == kwargs.max_cache_len  # what generate checks prompts against
+    assert cache_bytes <= state.numel() < cache_bytes + 1024
+    for method in ("prefill", "decode"):
+        exported = torch.export.load(out / "compiled" / f"{method}.pt2")
+        (engine,) = [n for n in exported.graph.nodes if n.op == "call_function" and "execute_engine" in str(n.target)]
+        fed = {exported.graph_signature.inputs_to_buffers.get(a.name, "") for a in engine.args[0]}
+        assert {f"module.model.key_cache_{i}" for i in range(kwargs.num_hidden_layers)} <= fed, fed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_teacher_forced_logits_match_transformers(built: tuple[object, Path]) -> None:
+    cfg, out = built
+    model = objects.model(cfg).cuda()  # type: ignore[arg-type]
+    program = load(out / "program" / f"{cfg.model.name}.pte")  # type: ignore[attr-defined]
+    torch.manual_seed(1)
+    prompt, follow = torch.randint(0, 256, (1, 16)).cuda(), torch.randint(0, 256, (8,)).cuda()
+    with torch.no_grad():
+        got = [program.method("prefill").execute([prompt])[0][:, -1]]
+        want = [model.prefill(prompt)[:, -1]]
+        for i, token in enumerate(follow):
+            position = torch.tensor([16 + i]).cuda()
+            got.append(program.method("decode").execute([token.view(1, 1), position])[0][:, -1])
+            want.append(model.decode(token.view(1, 1), position)[:, -1])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w.float(), rtol=2e-3, atol=2e-3 * float(w.abs().max()))
+    assert all(bool((g.argmax(-1) == w.argmax(-1)).all()) for g, w in zip(got, want))

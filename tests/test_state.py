@@ -1,0 +1,115 @@
+"""Program state: buffers a program's methods write (a KV cache, a step counter) are the program's,
+never constants. They reach engines as inputs at run time, are kept once for all methods in the
+`.pte` (what prefill writes, decode reads), and persist across calls in `pipeline.runtime`."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pipeline.compile import compile_method, compile_program, export_method, written_state
+from pipeline.errors import ExportError
+from pipeline.export import export, save
+from pipeline.models.decoder import MethodView
+from pipeline.runtime import load
+from tests.helpers import GPU
+
+
+class Accumulator(torch.nn.Module):
+    """`add` writes the state; `peek` only reads it."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.full((4,), start))
+
+    def add(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(x)
+        return self.total * 1.0
+
+    def peek(self, x: torch.Tensor) -> torch.Tensor:
+        return self.total + 0.0 * x
+
+
+class Cache(torch.nn.Module):
+    """A KV-cache-like state: `write` puts rows at positions, `read` attends over all of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 2, 8, 4))
+        self.proj = torch.nn.Linear(4, 4)
+
+    def write(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.cache.index_copy_(2, positions, self.proj(x))
+        return self.cache.sum(dim=2)
+
+    def read(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(q @ self.cache.transpose(-1, -2), dim=-1) @ self.cache
+
+
+def _programs(module: torch.nn.Module, calls: dict[str, tuple[torch.Tensor, ...]], engines: bool) -> dict[str, Any]:
+    exported = {m: export_method(MethodView(module, m), args) for m, args in calls.items()}
+    if not engines:
+        return exported
+    state = written_state(exported.values())
+    return {m: compile_program(exported[m], calls[m], method=m, state=state) for m in calls}
+
+
+def test_state_is_shared_by_the_methods_and_kept_across_calls(tmp_path: Path) -> None:
+    calls = {"add": (torch.ones(4),), "peek": (torch.ones(4),)}
+    path = save(_programs(Accumulator(), calls, engines=False), tmp_path / "acc.pte")["pte"]
+    program = load(path, device="cpu")
+    add, peek = program.method("add"), program.method("peek")
+    step = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert torch.equal(peek.execute([step])[0], torch.zeros(4))
+    add.execute([step])
+    add.execute([step])
+    assert torch.equal(peek.execute([torch.zeros(4)])[0], 2 * step)  # what add wrote, peek reads
+    assert torch.equal(load(path, device="cpu").method("peek").execute([step])[0], torch.zeros(4))  # a fresh load starts over
+    # Programs start their state at zero: state that would start elsewhere is refused in one line.
+    with pytest.raises(ExportError, match="buffer 'module.total', which method 'add' writes, does not start at zero"):
+        save(_programs(Accumulator(start=5.0), calls, engines=False), tmp_path / "acc5.pte")
+    assert not (tmp_path / "acc5.pte").exists()
+
+
+def test_written_buffers_reach_engines_as_inputs_and_are_never_folded() -> None:
+    module = Cache().eval()
+    calls = {"write": (torch.randn(1, 2, 3, 4), torch.tensor([0, 1, 2])), "read": (torch.randn(1, 2, 1, 4),)}
+    programs = _programs(module, calls, engines=True)
+    for name, program in programs.items():
+        (engine,) = [n for n in program.graph.nodes if n.op == "call_function" and "execute_engine" in str(n.target)]
+        state = program.graph_signature.inputs_to_buffers
+        fed = {state[a.name] for a in engine.args[0] if a.name in state}
+        assert fed == {"module.cache"}, (name, fed)  # the cache comes in at run time, not built into the engine
+        assert not any("folded" in b for b in program.graph_signature.buffers), program.graph_signature.buffers
+    manager = export(programs)
+    assert all(not r["left_over"] for r in manager.tensorrt_report.values()), manager.tensorrt_report
+    assert set(manager.exported_program("write").graph_signature.buffers_to_mutate.values()) == {"module.cache"}
+
+
+def test_compiled_alone_a_reading_method_builds_state_into_its_engine() -> None:
+    """Why the compile step passes `state`: a method compiled on its own cannot know another writes."""
+    module = Cache().eval()
+    alone = compile_method(MethodView(module, "read"), (torch.randn(1, 2, 1, 4),), method="read")
+    assert "module.cache" not in alone.graph_signature.inputs_to_buffers.values()  # inside the engine
+    told = compile_method(MethodView(module, "read"), (torch.randn(1, 2, 1, 4),), method="read", state={"module.cache"})
+    assert "module.cache" in told.graph_signature.inputs_to_buffers.values()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_engines_read_what_the_other_method_wrote(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = Cache().eval()
+    x, q = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 1, 4)
+    calls = {"write": (x, torch.tensor([0, 1, 2])), "read": (q,)}
+    path = save(_programs(module, calls, engines=True), tmp_path / "cache.pte")["pte"]
+    program = load(path)
+    with torch.no_grad():
+        program.method("write").execute([x.cuda(), torch.tensor([0, 1, 2]).cuda()])
+        program.method("write").execute([x.cuda() * 2, torch.tensor([5, 6, 7]).cuda()])
+        got = program.method("read").execute([q.cuda()])[0].cpu()
+        module.write(x, torch.tensor([0, 1, 2]))
+        module.write(x * 2, torch.tensor([5, 6, 7]))
+        want = module.read(q)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
