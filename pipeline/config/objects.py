@@ -104,8 +104,8 @@ def dynamic_shapes(spec: Mapping[str, Any], function: str) -> Any:
     if not spec.get("dynamic"):
         return None
     dims = {name: Dim(name, min=d["min"], max=d["max"]) for name, d in spec["dims"].items()}
-    shapes = [{int(dim): dims[name] for dim, name in spec["dynamic"].get(i, spec["dynamic"].get(str(i), {})).items()}
-              for i in range(len(spec["inputs"]))]
+    dynamic = {int(i): by_dim for i, by_dim in spec["dynamic"].items()}  # typed configs key by int, YAML may not
+    shapes = [{int(dim): dims[name] for dim, name in dynamic.get(i, {}).items()} for i in range(len(spec["inputs"]))]
     # A MethodView takes *args, so its shapes nest one level deeper.
     return (tuple(shapes),) if function != "forward" else tuple(shapes)
 

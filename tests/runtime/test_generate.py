@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.export import Dim
 
 from pipeline.compile import export_method
 from pipeline.errors import InputError
@@ -24,10 +25,12 @@ CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
-    """A 24-position Llama decoder as a portable program (no engines: it runs on the CPU)."""
+    """A 24-position Llama decoder as a portable program (no engines: it runs on the CPU), prompts
+    of any length."""
     torch.manual_seed(0)
     model = decoder("llama", 24, **CONFIG)
-    methods = {"prefill": export_method(MethodView(model, "prefill"), (torch.randint(0, 256, (1, 8)),)),
+    tokens = Dim("tokens", min=2, max=24)  # any prompt length
+    methods = {"prefill": export_method(MethodView(model, "prefill"), (torch.randint(0, 256, (1, 8)),), (({1: tokens},),)),
                "decode": export_method(MethodView(model, "decode"), (torch.tensor([[1]]), torch.tensor([8])))}
     path = save(methods, tmp_path_factory.mktemp("gen") / "llama.pte", constant_methods=model.program_constants)["pte"]
     return model, path
@@ -51,6 +54,8 @@ def test_tokens_match_eager_transformers(program: tuple[torch.nn.Module, Path]) 
     prompt = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(3))
     assert torch.equal(generate(loaded, prompt, 17), _eager_greedy(model, prompt, 17))  # 8 + 17 - 1 = 24 positions: full
     assert torch.equal(generate(loaded, prompt, 5), _eager_greedy(model, prompt, 5))  # prefill starts over
+    short = prompt[:, :3]
+    assert torch.equal(generate(loaded, short, 9), _eager_greedy(model, short, 9))  # another prompt length
 
 
 def test_what_does_not_fit_is_refused_before_anything_runs(program: tuple[torch.nn.Module, Path]) -> None:
@@ -64,6 +69,6 @@ def test_what_does_not_fit_is_refused_before_anything_runs(program: tuple[torch.
     run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(path), "--prompt", "1 2 x"],
                          capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.startswith("error: --prompt must be token ids"), run.stderr
-    run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(path), "--prompt", "1 2 3 4 5 6 7 8",
+    run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(path), "--prompt", "1 2 3",
                           "--max-new-tokens", "4"], capture_output=True, text=True, check=True)
     assert len(run.stdout.split("\n")[0].split()) == 4 and "4 tokens in" in run.stdout

@@ -1,0 +1,28 @@
+"""arange up to a dynamic size (the positions of a variable-length input, as a decoder's prefill
+computes them) becomes a fill layer inside the engine; a float one stays out, with its reason."""
+
+import pytest
+import torch
+from torch.export import Dim
+
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from tests.helpers import Fn, check_converter, lower
+
+TOKENS = torch.randint(0, 50, (1, 7))
+CASES = {
+    "positions": lambda m, x: x + torch.arange(x.shape[1]),
+    "offset": lambda m, x: x[:, 2:] * torch.arange(2, x.shape[1]),
+    "int32": lambda m, x: x.to(torch.int32) - torch.arange(x.shape[1], dtype=torch.int32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_dynamic_arange_builds_engine(name: str) -> None:
+    check_converter(Fn(CASES[name]), (TOKENS,), dynamic_shapes=(({1: Dim("tokens", min=4, max=64)},),))
+
+
+def test_float_dynamic_arange_is_refused_with_its_reason() -> None:
+    _, partitioner = lower(Fn(lambda m, x: x * torch.arange(x.shape[1], dtype=torch.float32)), (torch.randn(1, 7),),
+                           TensorRTCompileSpec(), dynamic_shapes=(({1: Dim("n", min=3, max=64)},),))
+    reasons = {r["op"]: r["reason"] for r in partitioner.record.refused.values()}
+    assert reasons.get("aten.arange.start_step") == "an arange up to a dynamic size must be of integers", reasons
