@@ -12,10 +12,25 @@ import torch
 from pipeline import steps
 from pipeline.config import objects
 from pipeline.config.compose import compose
+from pipeline.errors import ConfigError
+from pipeline.models.hf import decoder
 from pipeline.runtime import load
 from tests.helpers import GPU
 
 MODELS = ["llama_tiny", "qwen2_tiny"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"hiden_size": 64}, "model.kwargs.hiden_size is not a field of LlamaConfig (did you mean 'hidden_size'?)"),
+    ({"dtype": "int8"}, "model.kwargs.dtype = 'int8' is not a floating-point dtype"),
+    ({"architecture": "gpt5"}, "model.kwargs.architecture = 'gpt5' is not one of ['llama', 'qwen2']"),
+    ({"max_cache_len": 0}, "model.kwargs.max_cache_len = 0 must be at least 1"),
+])
+def test_bad_decoder_kwargs_are_one_line(kwargs: dict[str, object], message: str) -> None:
+    """transformers keeps any keyword: a misspelt field would silently build the default-sized model."""
+    with pytest.raises(ConfigError) as error:
+        decoder(**{"architecture": "llama", "max_cache_len": 8, **kwargs})  # type: ignore[arg-type]
+    assert str(error.value).startswith(message), error.value
 
 
 @pytest.fixture(scope="module", params=MODELS)

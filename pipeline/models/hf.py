@@ -61,7 +61,7 @@ def encoder(architecture: str, **config: Any) -> torch.nn.Module:
     import transformers
 
     model_name, config_name, takes = ENCODERS[architecture]
-    cfg = getattr(transformers, config_name)(**config)
+    cfg = _config(config_name, config)
     cfg._attn_implementation = "eager"  # plain ops: the graph TensorRT sees does not depend on the machine
     model = getattr(transformers, model_name)(cfg)
     if architecture == "whisper_encoder":
@@ -141,7 +141,27 @@ def decoder(architecture: str, max_cache_len: int, dtype: str = "float32", **con
     import transformers
 
     model_name, config_name = DECODERS[architecture]
-    cfg = getattr(transformers, config_name)(**config)
+    cfg = _config(config_name, config)
     cfg._attn_implementation = "sdpa"  # one scaled_dot_product_attention per layer (GQA included)
     model = getattr(transformers, model_name)(cfg).to(row.torch).eval().requires_grad_(False)
     return Decoder(model, int(max_cache_len)).eval()
+
+
+def _config(config_name: str, fields: dict[str, Any]) -> Any:
+    """The `transformers` config with `fields` set. `transformers` keeps any keyword as an attribute,
+    so a misspelt field would silently build the default-sized model: unknown fields are refused.
+
+    Raises:
+        ConfigError: a field the config class does not have.
+    """
+    import difflib
+
+    import transformers
+
+    config_class = getattr(transformers, config_name)
+    known = set(config_class().to_dict())
+    for name in sorted(set(fields) - known):
+        close = difflib.get_close_matches(name, known, n=1)
+        raise ConfigError(f"model.kwargs.{name} is not a field of {config_name}"
+                          + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return config_class(**fields)
