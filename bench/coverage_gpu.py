@@ -122,8 +122,8 @@ def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
     folder, precision = setup.folder(entry), setup.precision
     tolerance = float(setup.config["runtime"]["max_rel_error"])
     name = entry.model["name"]
-    files = {"pte": folder / "program" / f"{name}.pte"}
-    ptd = files["pte"].with_suffix(".ptd")
+    pte_path = folder / "program" / f"{name}.pte"
+    ptd = pte_path.with_suffix(".ptd")
     spec = entry.model["methods"]["forward"]
     if not any((folder / f).exists() for f in ("onnx.engine", "onnx.error")):
         onnx_engine(setup, entry)  # its build was kept from a run that stopped
@@ -131,7 +131,7 @@ def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
     host_model = objects.model({"model": entry.model})
     with gpu or nullcontext():
         try:
-            return _measure_on_gpu(host_model, host_inputs, files["pte"], ptd, row, precision, folder, iters, tolerance)
+            return _measure_on_gpu(host_model, host_inputs, pte_path, ptd, row, precision, folder, iters, tolerance)
         finally:
             import gc
 
@@ -150,21 +150,20 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, pte_path: Path, ptd: Path
     from pipeline.tensorrt import blob
     from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
 
-    files = {"pte": pte_path}
     inputs = [x.cuda() for x in host_inputs]
     model = host_model.cuda()
     with torch.no_grad():
         with strict_fp32():
             ref = model(*inputs)
         loose = model(*inputs)  # PyTorch's defaults: cuDNN convolutions in TF32
-        ours_program = load(files["pte"], ptd if ptd.exists() else None, options=RuntimeOptions(cuda_graph=True))
+        ours_program = load(pte_path, ptd if ptd.exists() else None, options=RuntimeOptions(cuda_graph=True))
         method = ours_program.method("forward")
         rel = _rel_error(method.execute(inputs), ref)
     # eager_tf32_error: how far PyTorch's own default (TF32) execution is from strict fp32, the
     # model's sensitivity to TF32 with these weights.
     result: dict[str, Any] = {"rel_error": rel, "correct": rel <= tolerance, "tolerance": tolerance,
                               "eager_tf32_error": _rel_error(loose, ref)}
-    file = pte.read(files["pte"], ptd if ptd.exists() else None)
+    file = ours_program.file  # the file load() read and checked
     calls = [c for c in pte.delegate_calls(file.program) if c.backend == blob.BACKEND_ID]
     stream = torch.cuda.Stream()
     if len(calls) == 1 and row["lowered_whole"]:

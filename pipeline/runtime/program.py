@@ -204,6 +204,7 @@ class Program:
         self._methods: dict[str, Method] = {}
         # Buffers the methods write (a KV cache): one copy for the program, kept across calls.
         self.state = state_arenas([p for p in self.raw.execution_plan if p.name != record.METHOD], self.device)
+        self._constants = {p.name: p for p in self.raw.execution_plan if p.name != record.METHOD and _constant_plan(p)}
 
     @property
     def method_names(self) -> list[str]:
@@ -212,14 +213,13 @@ class Program:
     @property
     def constant_names(self) -> list[str]:
         """The program's constant methods (no inputs, no instructions: they return a stored value)."""
-        return [p.name for p in self.raw.execution_plan if p.name != record.METHOD and _constant_plan(p)]
+        return list(self._constants)
 
     def constant(self, name: str) -> Any:
         """The value a constant method returns (an int, float, bool or string)."""
-        plans = {p.name: p for p in self.raw.execution_plan if p.name in self.constant_names}
-        if name not in plans:
-            raise KeyError(f"program has no constant method {name!r}; it has {sorted(plans)}")
-        plan = plans[name]
+        if name not in self._constants:
+            raise KeyError(f"program has no constant method {name!r}; it has {sorted(self._constants)}")
+        plan = self._constants[name]
         val = plan.values[plan.outputs[0]].val
         kind = type(val).__name__
         if kind in ("Int", "Bool"):

@@ -83,13 +83,18 @@ def _tensor(t: Any, program: Any, named: Mapping[str, Any], device: torch.device
         return _from_bytes(program.constant_buffer[t.data_buffer_idx].storage, dtype, sizes, device)
     if t.allocation_info is not None:
         info = t.allocation_info
-        offset = int(info.memory_offset_low) + (int(info.memory_offset_high) << 32)
+        offset = _offset(info)
         count = 1
         for s in sizes:
             count *= s
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         return arenas[info.memory_id][offset : offset + nbytes].view(dtype).view(sizes)
     return torch.zeros(sizes, dtype=dtype, device=device)
+
+
+def _offset(info: Any) -> int:
+    """A planned tensor's byte offset in its arena (stored as two 32-bit halves)."""
+    return int(info.memory_offset_low) + (int(info.memory_offset_high) << 32)
 
 
 def _from_bytes(data: bytes, dtype: torch.dtype, sizes: list[int], device: torch.device) -> torch.Tensor:
@@ -118,8 +123,7 @@ def state_arenas(plans: list[Any], device: torch.device) -> dict[int, torch.Tens
             name = getattr(info, "fully_qualified_name", None)
             if not name or int(getattr(info.location, "value", 0)) != 0 or t.allocation_info is None:
                 continue
-            place = (int(t.allocation_info.memory_id),
-                     int(t.allocation_info.memory_offset_low) + (int(t.allocation_info.memory_offset_high) << 32))
+            place = (int(t.allocation_info.memory_id), _offset(t.allocation_info))
             if where.setdefault(name, place) != place:
                 raise RuntimeUnavailableError(
                     f"buffer {name!r} is planned at {where[name]} in one method and {place} in another; "
