@@ -18,7 +18,7 @@ from pipeline.errors import UnsupportedOperatorError
 from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
 from pipeline.tensorrt.builder import build_engine
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.constant_fold import attr, fold_constants, written_buffers
+from pipeline.tensorrt.constant_fold import attr, content_digest, fold_constants, written_buffers
 from pipeline.tensorrt.engine_cache import EngineCache
 from pipeline.tensorrt.network import GraphSource
 from pipeline.tensorrt.partitioner import RECORD_KEY, is_operator, mark_refused, preserved_ops, propose, symbol_ranges
@@ -145,8 +145,9 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
     # Only what the build determines: timings would make cached stage outputs differ run to run.
     stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine)}
     metadata = blob.encode_op_metadata(built.metadata, shapes, stats)
-    name = f"_tensorrt_engine_{call.target.removeprefix('fused_')}"  # type: ignore[union-attr]
-    gm.register_buffer(name, torch.frombuffer(bytearray(built.engine), dtype=torch.uint8))
+    engine = torch.frombuffer(bytearray(built.engine), dtype=torch.uint8)
+    name = f"_tensorrt_engine_{content_digest(engine)}"  # by content, as every constant the compile step makes
+    gm.register_buffer(name, engine)
     with gm.graph.inserting_before(call):
         engine_node = gm.graph.get_attr(name)
         result = gm.graph.call_function(torch.ops.tensorrt.execute_engine.default, (runtime_args, engine_node, metadata))

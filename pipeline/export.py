@@ -260,7 +260,30 @@ def _programs(source: Source, inputs: Sequence[Any] | None) -> dict[str, Exporte
                 "independent programs (export each method separately)"
             )
         seen[id(program)] = name
+    _check_constant_names(source)
     return dict(source)
+
+
+def _check_constant_names(programs: Mapping[str, ExportedProgram]) -> None:
+    """Equal names, equal data: a program keeps one entry per constant name for all its methods (in
+    the `.ptd` one entry per name), so a name that holds different data in two methods would have
+    one method silently read the other's. The pipeline's own constants are named by content.
+
+    Raises:
+        ExportError: two methods hold different data under one name.
+    """
+    seen: dict[str, tuple[str, torch.Tensor]] = {}
+    for method, program in programs.items():
+        for name, value in [*program.state_dict.items(), *program.constants.items()]:
+            if not isinstance(value, torch.Tensor):
+                continue
+            first = seen.setdefault(name, (method, value))
+            other = first[1]
+            if other is value or (other.dtype == value.dtype and other.shape == value.shape and torch.equal(other, value)):
+                continue
+            raise ExportError(f"constant {name!r} holds different data in methods {first[0]!r} and {method!r}; a program "
+                              "stores constants by name for all its methods, so one would read the other's (give them "
+                              "distinct names, or build each method from one module)")
 
 
 def _per_method(value: PerMethod, methods: list[str], what: str) -> dict[str, Any]:

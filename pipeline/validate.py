@@ -23,7 +23,8 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
     A method the runtime cannot execute here (no GPU for TensorRT delegates) gets `runtime: null`
     and the reason, not an error: CPU-only machines still build and check everything else.
     """
-    options = RuntimeOptions(bool(cfg["runtime"]["cuda_graph"]), cfg["runtime"].get("runtime_cache_path"))
+    options = RuntimeOptions(bool(cfg["runtime"]["cuda_graph"]), cfg["runtime"].get("runtime_cache_path"),
+                             bool(cfg["runtime"].get("method_graph", False)))
     model = objects.model(cfg)
     seed = int(cfg["runtime"]["validation_seed"])
     metrics: dict[str, Any] = {"files": {"pte_bytes": pte.stat().st_size, "ptd_bytes": ptd.stat().st_size if ptd else 0}}

@@ -14,7 +14,11 @@ from pipeline.config import objects
 from pipeline.config.compose import compose
 from pipeline.errors import ConfigError
 from pipeline.models.hf import decoder
+from pipeline.pte import named_entries
 from pipeline.runtime import load
+from pipeline.runtime.generate import generate
+from pipeline.tensorrt.blob import decode_op_metadata
+from pipeline.tensorrt.engine_runner import RuntimeOptions
 from tests.helpers import GPU
 
 MODELS = ["llama_tiny", "qwen2_tiny"]
@@ -50,6 +54,8 @@ def test_prefill_and_decode_lower_whole_with_the_cache_as_state(built: tuple[obj
     cache_bytes = 2 * kwargs.num_hidden_layers * kwargs.num_key_value_heads * kwargs.max_cache_len * head_dim * 4
     program = load(out / "program" / f"{cfg.model.name}.pte", device="cpu")  # type: ignore[attr-defined]
     (state,) = program.state.values()  # one arena, both methods'
+    engines = [e for e in named_entries(program.file) if e["key"].startswith("tensorrt.engine.")]
+    assert len(engines) == 1  # prefill and decode call one engine: the weights are stored once
     assert program.constant("max_cache_len") == kwargs.max_cache_len  # what generate checks prompts against
     assert cache_bytes <= state.numel() < cache_bytes + 1024
     for method in ("prefill", "decode"):
@@ -57,18 +63,27 @@ def test_prefill_and_decode_lower_whole_with_the_cache_as_state(built: tuple[obj
         (engine,) = [n for n in exported.graph.nodes if n.op == "call_function" and "execute_engine" in str(n.target)]
         fed = {exported.graph_signature.inputs_to_buffers.get(a.name, "") for a in engine.args[0]}
         assert {f"module.model.key_cache_{i}" for i in range(kwargs.num_hidden_layers)} <= fed, fed
+        meta, _ = decode_op_metadata(engine.args[2])  # every K and V cache updated where it lives
+        caches = {f"module_model_{kv}_cache_{i}" for kv in ("key", "value") for i in range(kwargs.num_hidden_layers)}
+        assert {b.aliases for b in meta.outputs if b.aliases} == caches, method
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
-def test_teacher_forced_logits_match_transformers(built: tuple[object, Path]) -> None:
+@pytest.mark.parametrize("method_graph", [False, True])
+def test_teacher_forced_logits_match_transformers(built: tuple[object, Path], method_graph: bool) -> None:
+    """Prefill, then decode steps (each method one CUDA graph when `method_graph`), the cache
+    updated in place in the program's state: every step's logits match eager transformers."""
     cfg, out = built
     model = objects.model(cfg).cuda()  # type: ignore[arg-type]
-    program = load(out / "program" / f"{cfg.model.name}.pte")  # type: ignore[attr-defined]
+    program = load(out / "program" / f"{cfg.model.name}.pte",  # type: ignore[attr-defined]
+                   options=RuntimeOptions(method_graph=method_graph))
+    (state,) = program.state.values()
+    where = state.data_ptr()
     torch.manual_seed(1)
     prompt, follow = torch.randint(0, 256, (1, 16)).cuda(), torch.randint(0, 256, (8,)).cuda()
     with torch.no_grad():
-        got = [program.method("prefill").execute([prompt])[0][:, -1]]
+        got = [program.method("prefill").execute([prompt, torch.tensor([0]).cuda()])[0][:, -1]]
         want = [model.prefill(prompt)[:, -1]]
         for i, token in enumerate(follow):
             position = torch.tensor([16 + i]).cuda()
@@ -77,3 +92,23 @@ def test_teacher_forced_logits_match_transformers(built: tuple[object, Path]) ->
     for g, w in zip(got, want):
         torch.testing.assert_close(g.float(), w.float(), rtol=2e-3, atol=2e-3 * float(w.abs().max()))
     assert all(bool((g.argmax(-1) == w.argmax(-1)).all()) for g, w in zip(got, want))
+    assert state.data_ptr() == where and len(program._engines) == 1  # in place; one engine on the device
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_generate_on_the_gpu_matches_transformers(built: tuple[object, Path]) -> None:
+    cfg, out = built
+    model = objects.model(cfg).cuda()  # type: ignore[arg-type]
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2))
+    want = prompt.cuda()
+    with torch.no_grad():
+        logits = model.prefill(want)
+        for _ in range(10):
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            want = torch.cat([want, token], dim=1)
+            logits = model.decode(token, torch.tensor([want.shape[1] - 1]).cuda())
+    for method_graph in (False, True):
+        program = load(out / "program" / f"{cfg.model.name}.pte",  # type: ignore[attr-defined]
+                       options=RuntimeOptions(method_graph=method_graph))
+        assert torch.equal(generate(program, prompt, 10), want.cpu()), method_graph

@@ -14,10 +14,10 @@ from executorch.exir._serialize._program import deserialize_pte_binary
 from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
 from omegaconf import OmegaConf
 
-from pipeline import pte, record
+from pipeline import dtypes, pte, record
 from pipeline.compile import compile_method
 from pipeline.config.compose import compose
-from pipeline.errors import BlobFormatError
+from pipeline.errors import BlobFormatError, ExportError
 from pipeline.export import save, stage
 from pipeline.runtime import load
 from pipeline.steps import run_all
@@ -153,3 +153,35 @@ def test_executorch_reads_the_program_with_its_data(written: dict[bool, dict[str
     assert {k for keys in _keys(file).values() for k in keys} == ptd_keys
     inside = deserialize_pte_binary(written[False]["pte"].read_bytes()).named_data
     assert inside is not None and set(inside.pte_data) == ptd_keys
+
+
+class Table(torch.nn.Module):
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("table", table)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.table
+
+
+def test_one_name_never_holds_two_methods_different_data(tmp_path: Path) -> None:
+    """A program stores constants by name for all its methods: one name with different data in two
+    methods would have one read the other's (it did: the compile step's folded constants were
+    numbered per method). The compile step names what it makes by content; a clash from elsewhere
+    is refused before anything is written."""
+    x = torch.randn(4)
+    clash = {"a": torch.export.export(Table(torch.zeros(4)), (x,)), "b": torch.export.export(Table(torch.ones(4)), (x,))}
+    with pytest.raises(ExportError, match="constant 'table' holds different data in methods 'a' and 'b'"):
+        save(clash, tmp_path / "clash.pte", external_data=True)
+    cfg = OmegaConf.to_container(compose(["model=llama_tiny", "serialize=external", "cache=off",  # decode its own engine
+                                          "model.methods.decode={function:step,inputs:[{shape:[1,1],dtype:int64},"
+                                          "{shape:[1],dtype:int64}],dims:{},dynamic:{}}"]), resolve=True)
+    files = run_all(cfg, tmp_path / "llama")  # type: ignore[arg-type]
+    file = pte.read(files["pte"], files["ptd"])
+    for plan in file.program.execution_plan:
+        for value in plan.values:
+            info = getattr(value.val, "extra_tensor_info", None)
+            name = getattr(info, "fully_qualified_name", None)
+            if name and int(getattr(info.location, "value", 0)) == 1:  # external: one .ptd entry per name
+                size = torch.empty([int(s) for s in value.val.sizes], dtype=dtypes.of_scalar_type(value.val.scalar_type).torch)
+                assert len(file.named[name]) == size.numel() * size.element_size(), (plan.name, name)

@@ -13,6 +13,7 @@ from pipeline.errors import ExportError
 from pipeline.export import export, save
 from pipeline.models.decoder import MethodView
 from pipeline.runtime import load
+from pipeline.tensorrt.blob import decode_op_metadata
 from tests.helpers import GPU
 
 
@@ -41,6 +42,11 @@ class Cache(torch.nn.Module):
 
     def write(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.cache.index_copy_(2, positions, self.proj(x))
+        return self.cache.sum(dim=2)
+
+    def append(self, x: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """Rows at start, start + 1, ... (as transformers' static cache writes): updated in place."""
+        self.cache.index_copy_(2, torch.arange(x.shape[2]) + start, self.proj(x))
         return self.cache.sum(dim=2)
 
     def read(self, q: torch.Tensor) -> torch.Tensor:
@@ -113,3 +119,42 @@ def test_engines_read_what_the_other_method_wrote(tmp_path: Path) -> None:
         module.write(x * 2, torch.tensor([5, 6, 7]))
         want = module.read(q)
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+def _aliases(program: Any) -> dict[str, str]:
+    """Engine output -> the engine input it updates in place, from the engine call's bindings."""
+    (engine,) = [n for n in program.graph.nodes if n.op == "call_function" and "execute_engine" in str(n.target)]
+    meta, _ = decode_op_metadata(engine.args[2])
+    return {b.name: b.aliases for b in meta.outputs if b.aliases}
+
+
+def test_a_cache_written_at_consecutive_positions_is_updated_in_place() -> None:
+    """A run of positions (one position, or `arange + start`) on a state input is TensorRT's KV cache
+    update, whose output is the input's memory; any other index writes a new tensor (a scatter)."""
+    module = Cache().eval()
+    calls = {"append": (torch.randn(1, 2, 3, 4), torch.tensor([2])), "write": (torch.randn(1, 2, 3, 4), torch.tensor([0, 4, 2])),
+             "read": (torch.randn(1, 2, 1, 4),)}
+    programs = _programs(module, calls, engines=True)
+    assert list(_aliases(programs["append"]).values()) == ["module_cache"]
+    assert _aliases(programs["write"]) == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_in_place_updates_chain_across_calls(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = Cache().eval()
+    x, q = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 1, 4)
+    calls = {"append": (x, torch.tensor([0])), "read": (q,)}
+    program = load(save(_programs(module, calls, engines=True), tmp_path / "cache.pte")["pte"])
+    (state,) = program.state.values()
+    before = state.data_ptr()
+    with torch.no_grad():
+        for start in (0, 3, 5):  # the last one is clamped into the cache: rows 5..7
+            program.method("append").execute([x.cuda() * (start + 1), torch.tensor([start]).cuda()])
+            module.append(x * (start + 1), torch.tensor([start]))
+        got = program.method("read").execute([q.cuda()])[0].cpu()
+        want = module.read(q)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    (delegate,) = [s for s in program.method("append")._steps if hasattr(s, "donated")]
+    assert delegate.donated and state.data_ptr() == before  # the engine wrote the program's own state

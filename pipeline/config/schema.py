@@ -106,6 +106,7 @@ class RuntimeConfig:
 
     cuda_graph: bool = False
     runtime_cache_path: str | None = None
+    method_graph: bool = False  # each method one CUDA graph, replayed while its input shapes stay the same
     validation_seed: int = 1
     max_rel_error: float = 0.02  # an autotune counts only builds within this of eager PyTorch
 

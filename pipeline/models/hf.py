@@ -82,8 +82,10 @@ FLOATS = ("float32", "float16", "bfloat16")
 class Decoder(torch.nn.Module):
     """A `transformers` causal LM with its KV cache as buffers, as `transformers` exports for
     ExecuTorch (`TorchExportableModuleWithStaticCache`: a static cache of `max_cache_len` positions,
-    the cache position an input). `prefill` writes the prompt at positions 0..T-1, `decode` one
-    token at `position`; both return the logits of every token given."""
+    the cache position an input). `step(tokens, start)` writes T tokens at positions start..start+T-1
+    and returns the logits of each: prefill is a step from 0, decode a step of one token. Configs
+    compile both methods from `step` with the same token range, so that they call one engine (the
+    weights once, in the files and on the device)."""
 
     def __init__(self, model: Any, max_cache_len: int) -> None:  # a transformers PreTrainedModel
         super().__init__()
@@ -100,11 +102,15 @@ class Decoder(torch.nn.Module):
         """Stored in the program as constant methods: what `pipeline.runtime.generate` checks against."""
         return {"max_cache_len": self.max_cache_len}
 
+    def step(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """Tokens [1, T] at positions start..start+T-1 (`start`: [1]); their logits [1, T, vocab]."""
+        return self._run(tokens, torch.arange(tokens.shape[1], device=tokens.device) + start)
+
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self._run(tokens, torch.arange(tokens.shape[1], device=tokens.device))
+        return self.step(tokens, torch.zeros(1, dtype=torch.int64, device=tokens.device))
 
     def decode(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        return self._run(token, position)
+        return self.step(token, position)
 
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # The cache object holds its own references to the tensors registered as buffers; point it
@@ -116,10 +122,12 @@ class Decoder(torch.nn.Module):
             layer.values = getattr(self.model, f"value_cache_{i}")
             if hasattr(self.model, f"cumulative_length_{i}"):
                 layer.cumulative_length = getattr(self.model, f"cumulative_length_{i}")
+            if hasattr(layer, "device"):  # set when the cache was made; the module may have moved since
+                layer.device = layer.keys.device
         return self.model(input_ids=tokens, cache_position=positions)
 
-    def forward(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        return self.decode(token, position)
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        return self.step(tokens, start)
 
 
 @model_factory

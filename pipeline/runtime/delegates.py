@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from pipeline import pte
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.engine_runner import EngineRunner
@@ -18,21 +17,29 @@ class TensorRTDelegate:
     """One TensorRT delegate of a method: its engine runner and its value indices."""
 
     def __init__(self, payload: bytes, args: list[int], program: Any) -> None:
-        # A view of the mapped file: TensorRT deserializes straight from the page cache, no host copy.
-        meta, engine = pte.engine(program.file, payload)
+        meta, ref = blob.decode(payload)
         self.inputs = args[: len(meta.inputs)]
         self.outputs = args[len(meta.inputs):]
-        self.runner = EngineRunner(engine, meta.io_bindings, program.options, program.stream)
+        self.runner = EngineRunner(program.engine(ref), meta.io_bindings, program.options, program.stream)
         self.fresh: frozenset[int] = frozenset()  # output positions that may go to new tensors
+        self.donated: frozenset[int] = frozenset()  # input positions the engine may update in place
 
     def hand_out(self, indices: set[int]) -> None:
         """Let the outputs at these value indices (the method's own outputs) be written into new
         tensors, which the caller then owns, instead of planned memory that needs a copy."""
         self.fresh = frozenset(k for k, i in enumerate(self.outputs) if i in indices)
 
+    def donate(self, writes_back: set[tuple[int, int]], read_later: set[int]) -> None:
+        """Let the engine update in place the inputs whose only later use is being overwritten by the
+        output it writes into them (`writes_back`: (input value, output value) of the program's state
+        write-back): a KV cache then stays where it lives, and the write-back copies nothing."""
+        self.donated = frozenset(k for o, k in self.runner.aliases.items()
+                                 if (self.inputs[k], self.outputs[o]) in writes_back and self.inputs[k] not in read_later)
+
     def __call__(self, values: list[Any]) -> None:
         # The engine writes straight into planned (or new) output tensors: no copies, no host trips.
-        outs = self.runner(*[values[i] for i in self.inputs], outputs=[values[i] for i in self.outputs], fresh=self.fresh)
+        outs = self.runner(*[values[i] for i in self.inputs], outputs=[values[i] for i in self.outputs], fresh=self.fresh,
+                           donated=self.donated)
         for i, out in zip(self.outputs, outs):
             values[i] = out
 

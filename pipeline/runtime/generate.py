@@ -1,7 +1,9 @@
 """Greedy generation with a decoder program: `prefill` on the prompt, then one `decode` call per
-new token, everything on the program's device. The next token is the argmax of the last logits,
-computed on the device; its position is kept on the device too; the token is read back once per
-step (the caller gets the tokens as they come, and that read is the only host sync a step has).
+new token, everything on the program's device. Both methods take tokens and the position of the
+first (`pipeline.models.hf.Decoder.step`). The next token is the argmax of the last logits, computed
+on the device into decode's own input memory; its position is kept there too; the token is read
+back once per step (the caller gets the tokens as they come, and that read is the only host sync a
+step has). With the runtime's `method_graph` option a decode step is one graph launch.
 
 The program says how many positions its KV cache holds (its constant method `max_cache_len`,
 which `pipeline.models.hf.decoder` programs carry): a prompt or a generation that would not fit is
@@ -9,6 +11,7 @@ refused before anything runs, never wrapped around or written past the cache's e
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import torch
@@ -56,17 +59,28 @@ def stream(program: Program, prompt: torch.Tensor, max_new_tokens: int, prefill:
 
 def _steps(program: Program, prompt: torch.Tensor, max_new_tokens: int, prefill: str, decode: str) -> Iterator[int]:
     device = program.device
-    step = program.method(decode)
-    with torch.no_grad():
-        logits = program.method(prefill).execute([prompt.to(device)], copy_outputs=False)[0]
-        token = logits[:, -1].argmax(-1, keepdim=True).to(prompt.dtype)  # [1, 1], on the device
-        position = torch.full((1,), prompt.shape[1], dtype=torch.int64, device=device)
+    first, step = program.method(prefill), program.method(decode)
+    for method in (first, step):
+        if len(method.inputs) != 2:
+            raise InputError(f"method {method.name!r} takes {len(method.inputs)} inputs; generate calls prefill and decode "
+                             "with tokens and the position of the first (rebuild with the current decoder configs)")
+    # The next token and its position live where decode reads them, so a step copies nothing in.
+    token = step.input_buffer(0, (1, 1))
+    position = step.input_buffer(1, (1,))
+    token = torch.empty((1, 1), dtype=torch.int64, device=device) if token is None else token
+    position = torch.empty((1,), dtype=torch.int64, device=device) if position is None else position
+    stream = torch.cuda.stream(program.stream) if program.stream is not None else contextlib.nullcontext()
+    with torch.no_grad(), stream:  # on the program's stream: no cross-stream waits per call
+        start = torch.zeros(1, dtype=torch.int64, device=device)
+        logits = first.execute([prompt.to(device=device, dtype=torch.int64), start], copy_outputs=False)[0]
+        torch.argmax(logits[:, -1], dim=-1, keepdim=True, out=token)
+        position.fill_(prompt.shape[1])
         for i in range(max_new_tokens):
             yield int(token.item())
             if i + 1 == max_new_tokens:
                 return
             logits = step.execute([token, position], copy_outputs=False)[0]
-            token = logits[:, -1].argmax(-1, keepdim=True).to(prompt.dtype)
+            torch.argmax(logits[:, -1], dim=-1, keepdim=True, out=token)
             position += 1
 
 

@@ -8,6 +8,7 @@ consecutive GPU steps.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Sequence
@@ -25,7 +26,9 @@ from pipeline.runtime.kernels import resolve
 from pipeline.runtime.values import dtype_of, materialise, state_arenas
 from pipeline.tensor_spec import TensorSpec
 from pipeline.tensorrt import blob
-from pipeline.tensorrt.engine_runner import RuntimeOptions
+from pipeline.tensorrt.engine_runner import LoadedEngine, RuntimeOptions
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,19 +47,22 @@ class Method:
         self._plan = plan
         self._program = program
         self._values = materialise(plan, program.raw, program.file.named, program.device, program.state)
-        self._steps = [self._step(i) for chain in plan.chains for i in chain.instructions]
+        instructions = [i for chain in plan.chains for i in chain.instructions]
+        self._steps = [self._step(i) for i in instructions]
+        self._donate(instructions)
         kinds = {type(i.instr_args).__name__ for c in plan.chains for i in c.instructions}
         self._has_kernels = "KernelCall" in kinds
         # Engines only read their inputs: a method of engine calls alone binds the caller's input
         # tensors directly (as the raw engine is driven) instead of copying them into planned memory,
         # and its engines write the method's outputs into new tensors handed to the caller as they are.
-        self._bind_inputs = kinds <= {"DelegateCall", "FreeCall"}
+        self._bind_inputs = kinds <= {"DelegateCall", "FreeCall"} and not program.options.method_graph
         self._planned_inputs = {i: self._values[i] for i in plan.inputs if isinstance(self._values[i], torch.Tensor)}
         self._capacity = {i: t.numel() for i, t in self._planned_inputs.items()}  # planned for the largest shape
         self._specs = program.input_specs(plan)
         self._checked: list[Any] = [None] * len(self._specs)  # (dtype, shape) last found in bounds
         self._bound: dict[int, int] = {}  # input index -> address its engines last read it from
-        self._graph = program.options.cuda_graph
+        self._engine_graphs = program.options.cuda_graph and not program.options.method_graph
+        self._graph = MethodGraph(self) if program.options.method_graph and program.device.type == "cuda" else None
         handed = {i for i in plan.outputs if i not in plan.inputs} if self._bind_inputs else set()
         for step in self._steps:
             if isinstance(step, TensorRTDelegate):
@@ -101,6 +107,22 @@ class Method:
             return lambda values: None
         raise RuntimeUnavailableError(f"instruction {kind} is not supported by pipeline.runtime")
 
+    def _donate(self, instructions: list[Any]) -> None:
+        """Engines that update program state in place (a KV cache) may do so where the state lives
+        when nothing after them reads it but its write-back (`TensorRTDelegate.donate`)."""
+        for at, step in enumerate(self._steps):
+            if not isinstance(step, TensorRTDelegate) or not step.runner.aliases:
+                continue
+            writes_back, read_later = set(), set(self._plan.outputs)
+            for instruction in instructions[at + 1:]:
+                call = instruction.instr_args
+                if type(call).__name__ == "KernelCall" and self._plan.operators[call.op_index].name == "aten::copy_":
+                    writes_back.add((call.args[0], call.args[1]))
+                    read_later.add(call.args[1])
+                else:
+                    read_later.update(_read(call, self._values))
+            step.donate(writes_back, read_later)
+
     def execute(self, inputs: Sequence[Any], copy_outputs: bool = True) -> list[Any]:
         """Run the method; tensor outputs are on the program's device.
 
@@ -115,12 +137,13 @@ class Method:
         start = time.perf_counter()
         caller = self._program.enter()
         try:
+            run = self._run if self._graph is None else self._graph.run
             if self._has_kernels:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # out= resizes of dynamic shapes warn in PyTorch
-                    outs = self._run(values, inputs)
+                    outs = run(values, inputs)
             else:  # engines only: nothing warns, and the guard costs microseconds per call
-                outs = self._run(values, inputs)
+                outs = run(values, inputs)
         finally:
             self._program.leave(caller)
             for i, slot in self._slots.items():  # drop our hold on outputs written to new tensors
@@ -165,15 +188,52 @@ class Method:
                 and value.is_contiguous()):
             return False
         address = value.data_ptr()
-        if self._graph and self._bound.get(index, address) != address:
+        if self._engine_graphs and self._bound.get(index, address) != address:
             return False
         self._bound[index] = address
         return True
 
+    def input_buffer(self, position: int, shape: Sequence[int]) -> torch.Tensor | None:
+        """The method's own memory for input `position`, shaped `shape`, where the plan gives that
+        input memory no other value shares (else None): a caller that writes the next call's input
+        there (as `generate` writes each new token) saves the copy in, and with `method_graph` the
+        graph reads it where it is. What is written there stays until the caller changes it.
+
+        Raises:
+            InputError: `shape` is outside what the program was built for.
+        """
+        index = self._plan.inputs[position]
+        slot = self._planned_inputs.get(index)
+        spec = self._specs[position]
+        if slot is None or spec is None or not self._exclusive(slot):
+            return None
+        spec.check(f"method {self.name!r} input {position}", torch.empty(tuple(shape), dtype=slot.dtype, device="meta"))
+        if tuple(slot.shape) != tuple(shape):
+            slot.resize_(tuple(shape))
+        return slot
+
+    def _exclusive(self, slot: torch.Tensor) -> bool:
+        """No other tensor of the method is planned in any byte of `slot`'s memory."""
+        begin = slot.data_ptr()
+        end = begin + self._capacity[next(i for i, t in self._planned_inputs.items() if t is slot)] * slot.element_size()
+        for value in self._values:
+            if isinstance(value, torch.Tensor) and value is not slot and value.device == slot.device:
+                start = value.data_ptr()
+                if start < end and begin < start + value.numel() * value.element_size():
+                    return False
+        return True
+
     def _run(self, values: list[Any], inputs: Sequence[Any]) -> list[Any]:
+        self._stage(values, inputs)
+        return self._execute(values)
+
+    def _stage(self, values: list[Any], inputs: Sequence[Any]) -> None:
+        """Put the inputs where the steps read them: the caller's tensors, or copies in planned memory."""
         for index, value in zip(self._plan.inputs, inputs):
             slot = self._planned_inputs.get(index)
-            if slot is None or not isinstance(value, torch.Tensor) or self._binds(index, value, slot):
+            if value is slot:  # the caller wrote it in place (`input_buffer`)
+                values[index] = slot
+            elif slot is None or not isinstance(value, torch.Tensor) or self._binds(index, value, slot):
                 values[index] = value
             else:
                 if slot.shape != value.shape:  # within the plan: `_check` bounds every dim by it
@@ -182,9 +242,53 @@ class Method:
                 slot.copy_(value, non_blocking=True)
                 values[index] = slot
                 self._bound[index] = slot.data_ptr()
+
+    def _execute(self, values: list[Any]) -> list[Any]:
         for step in self._steps:
             step(values)
         return [values[i] for i in self._plan.outputs]
+
+
+class MethodGraph:
+    """A method's steps (engines and the kernels between them) as one CUDA graph (the runtime's
+    `method_graph` option). A call with the same input dtypes and shapes as the call before it
+    is captured, and from then on replayed: the inputs are copied into the method's planned memory
+    (nothing, when the caller wrote them there: `Method.input_buffer`) and the graph is launched.
+    Other calls run step by step (the first one, which also compiles the engines' kernels, and
+    whenever shapes change: one execution context is never replayed under another shape). Outputs
+    are the method's planned memory, as with `copy_outputs=False`. A method that cannot be captured
+    (a kernel that waits for the host) runs step by step from then on, with a warning.
+    """
+
+    def __init__(self, method: Method) -> None:
+        self._method = method
+        self._key: Any = None  # the last call's input signature
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._outs: list[Any] = []
+        self._capturable = True
+
+    def run(self, values: list[Any], inputs: Sequence[Any]) -> list[Any]:
+        method = self._method
+        key = tuple((x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else x for x in inputs)
+        if self._graph is not None and key == self._key:
+            method._stage(values, inputs)
+            self._graph.replay()
+            return self._outs
+        if key != self._key or not self._capturable:
+            self._key, self._graph = key, None
+            return method._run(values, inputs)
+        method._stage(values, inputs)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=method.stream):
+                outs = method._execute(values)
+        except (RuntimeError, RuntimeUnavailableError) as exc:
+            self._capturable = False
+            log.warning("method %r cannot be captured as one CUDA graph (%s); it runs step by step", method.name, exc)
+            return method._run(values, inputs)
+        self._graph, self._outs = graph, outs
+        graph.replay()
+        return outs
 
 
 class Program:
@@ -205,6 +309,15 @@ class Program:
         # Buffers the methods write (a KV cache): one copy for the program, kept across calls.
         self.state = state_arenas([p for p in self.raw.execution_plan if p.name != record.METHOD], self.device)
         self._constants = {p.name: p for p in self.raw.execution_plan if p.name != record.METHOD and _constant_plan(p)}
+        self._engines: dict[str, LoadedEngine] = {}
+
+    def engine(self, ref: blob.EngineRef) -> LoadedEngine:
+        """The engine a delegate names, deserialized once for the program: delegates (of any method)
+        that call the same engine share its weights on the device, each with its own context."""
+        if ref.sha256 not in self._engines:
+            # A view of the mapped file: TensorRT deserializes straight from the page cache, no host copy.
+            self._engines[ref.sha256] = LoadedEngine(blob.engine_bytes(ref, self.file.named, checked=True))
+        return self._engines[ref.sha256]
 
     @property
     def method_names(self) -> list[str]:
@@ -280,6 +393,19 @@ class Program:
     def synchronize(self) -> None:
         if self.stream is not None:
             self.stream.synchronize()
+
+
+def _read(call: Any, values: list[Any]) -> set[int]:
+    """The value indices an instruction may read (list values: their items too)."""
+    kind = type(call).__name__
+    if kind == "MoveCall":
+        return {call.move_from}
+    if kind not in ("KernelCall", "DelegateCall"):
+        return set()
+    out = set(call.args)
+    for i in call.args:
+        out.update(getattr(values[i], "items", ()))
+    return out
 
 
 def _constant_plan(plan: Any) -> bool:

@@ -26,7 +26,9 @@ engine) is required; an engine that does not match it is refused.
 
 Every binding carries its dtype (a name of `pipeline.dtypes`, e.g. "float32") and shape (dynamic dims
 -1); an input with dynamic dims also carries `min` and `max`, its optimization-profile bounds, which
-the runtime checks. The engine op (`engine_op.py`) carries the same bindings in its metadata string
+the runtime checks. An output that the engine writes in place into an input's memory (a KV cache
+updated by TensorRT's KVCacheUpdate layer) names that input in `aliases`: the runtime binds both to
+one tensor. The engine op (`engine_op.py`) carries the same bindings in its metadata string
 (`encode_op_metadata`). Compile specs are one ExecuTorch `CompileSpec` per field, its value the
 field's JSON. Backend id: "TensorRTBackend".
 """
@@ -68,11 +70,12 @@ class IOBinding:
     is_input: bool
     min_shape: tuple[int, ...] = ()  # dynamic inputs: the profile's bounds; () for static bindings
     max_shape: tuple[int, ...] = ()
+    aliases: str = ""  # outputs written in place: the input binding whose memory they share
 
     @classmethod
     def of(cls, name: str, dtype: torch.dtype, shape: tuple[int, ...], is_input: bool,
-           min_shape: tuple[int, ...] = (), max_shape: tuple[int, ...] = ()) -> IOBinding:
-        return cls(name, dtypes.name_of(dtype), shape, is_input, min_shape, max_shape)
+           min_shape: tuple[int, ...] = (), max_shape: tuple[int, ...] = (), aliases: str = "") -> IOBinding:
+        return cls(name, dtypes.name_of(dtype), shape, is_input, min_shape, max_shape, aliases)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -89,12 +92,15 @@ class IOBinding:
         doc: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "is_input": self.is_input}
         if self.min_shape:
             doc.update(min=list(self.min_shape), max=list(self.max_shape))
+        if self.aliases:
+            doc["aliases"] = self.aliases
         return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> IOBinding:
         return cls(str(doc["name"]), str(doc["dtype"]), tuple(int(d) for d in doc["shape"]), bool(doc["is_input"]),
-                   tuple(int(d) for d in doc.get("min", ())), tuple(int(d) for d in doc.get("max", ())))
+                   tuple(int(d) for d in doc.get("min", ())), tuple(int(d) for d in doc.get("max", ())),
+                   str(doc.get("aliases", "")))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ constant: its value is the last call's."""
 
 from __future__ import annotations
 
+import hashlib
 import operator
 from collections.abc import Collection
 from typing import Any
@@ -39,8 +40,9 @@ def fold_constants(gm: torch.fx.GraphModule, state: Collection[str] = ()) -> int
             continue
         if all(user in values for user in node.users):
             continue  # only the frontier becomes a constant; what it feeds on is then dead
-        name = f"_folded_constant_{folded}"
-        gm.register_buffer(name, values[node].detach().contiguous())
+        value = values[node].detach().contiguous()
+        name = f"_folded_{content_digest(value)}"  # by content: methods share equal constants, never clash
+        gm.register_buffer(name, value)
         with gm.graph.inserting_before(node):
             constant = gm.graph.get_attr(name)
         constant.meta = {k: v for k, v in node.meta.items() if k in ("val", "tensor_meta", "stack_trace")}
@@ -51,6 +53,16 @@ def fold_constants(gm: torch.fx.GraphModule, state: Collection[str] = ()) -> int
         gm.delete_all_unused_submodules()
         gm.recompile()
     return folded
+
+
+def content_digest(tensor: torch.Tensor) -> str:
+    """16 hex digits of SHA-256 over a tensor's dtype, shape and bytes: the name of a constant the
+    compile step makes. A program stores constants by name for all its methods (in the `.ptd`, one
+    entry per name), so names must say what the data is: equal tensors share one, different never clash."""
+    digest = hashlib.sha256(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return digest.hexdigest()[:16]
 
 
 def written_buffers(gm: torch.fx.GraphModule) -> frozenset[str]:

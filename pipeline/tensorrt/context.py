@@ -55,6 +55,7 @@ class ConversionContext:
         self.range_constraints: dict[Any, Any] = {}  # symbol -> value range of the program's dims
         self.constants: dict[torch.fx.Node, torch.Tensor] = {}  # constant placeholders and their values
         self.folded: set[torch.fx.Node] = set()  # nodes whose effect another node's layer already applies
+        self.in_place: dict[torch.fx.Node, str] = {}  # node -> the network input its output updates in place
         self._keep: list[np.ndarray] = []  # TensorRT reads weights at build time, not at add time
 
     # ---- dtypes -------------------------------------------------------------------------------

@@ -122,6 +122,11 @@ class EngineCache:
             self._fs.pipe_file(path, data)
         self.evict()
 
+    def clear(self) -> None:
+        """Delete every entry (and the folder)."""
+        if self._fs.exists(self._root):
+            self._fs.rm(self._root, recursive=True)
+
     def evict(self) -> None:
         """Delete least recently used entries until the total size is within `max_bytes`."""
         if self.max_bytes is None:

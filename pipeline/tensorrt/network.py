@@ -168,12 +168,16 @@ def _mark_outputs(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IO
             raise UnsupportedOperatorError(f"engine output {i} ({arg.name}) is not a tensor")
         if val.dtype in FLOATS or tensor.dtype != torch_to_trt(val.dtype):
             tensor = ctx.cast(tensor, val.dtype)
+        aliases = ctx.in_place.pop(arg, "")  # the layer writes its input's memory: it must be the output
         if tensor.is_network_input or id(tensor) in marked or tensor.is_network_output:
+            if aliases:
+                raise UnsupportedOperatorError(f"engine output {i} ({arg.name}) updates {aliases!r} in place, "
+                                               "so it must be the updating layer's own output")
             tensor = ctx.network.add_identity(tensor).get_output(0)
         name = f"output_{i}"
         tensor.name = name
         ctx.network.mark_output(tensor)
         marked.add(id(tensor))
         shape = tuple(d if isinstance(d, int) else -1 for d in val.shape)
-        bindings.append(IOBinding.of(name, val.dtype, shape, False))
+        bindings.append(IOBinding.of(name, val.dtype, shape, False, aliases=aliases))
 

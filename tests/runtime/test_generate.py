@@ -25,13 +25,13 @@ CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
-    """A 24-position Llama decoder as a portable program (no engines: it runs on the CPU), prompts
-    of any length."""
+    """A 24-position Llama decoder as a portable program (no engines: it runs on the CPU): prefill
+    and decode are its `step`, for prompts of any length and single tokens."""
     torch.manual_seed(0)
     model = decoder("llama", 24, **CONFIG)
-    tokens = Dim("tokens", min=2, max=24)  # any prompt length
-    methods = {"prefill": export_method(MethodView(model, "prefill"), (torch.randint(0, 256, (1, 8)),), (({1: tokens},),)),
-               "decode": export_method(MethodView(model, "decode"), (torch.tensor([[1]]), torch.tensor([8])))}
+    tokens = Dim("tokens", min=1, max=24)  # any prompt length, or one token
+    example = (torch.randint(0, 256, (1, 8)), torch.tensor([0]))
+    methods = {m: export_method(MethodView(model, "step"), example, (({1: tokens}, {}),)) for m in ("prefill", "decode")}
     path = save(methods, tmp_path_factory.mktemp("gen") / "llama.pte", constant_methods=model.program_constants)["pte"]
     return model, path
 

@@ -123,3 +123,18 @@ def test_compile_spec_bytes() -> None:
     assert blob.decode_compile_specs(specs) == {"precision": "fp16", "dynamic_shapes": {"x": {"0": [1, None, 8]}}}
     with pytest.raises(CompileSpecError, match="'precision' is not JSON"):
         blob.decode_compile_specs([CompileSpec("precision", b"fp16")])
+
+
+def test_in_place_outputs_name_their_input() -> None:
+    """An output written in place (a KV cache) names the input whose memory it shares; the runner
+    refuses a name the engine has no matching input for."""
+    from pipeline.tensorrt.engine_runner import _aliases
+
+    cache = blob.IOBinding("cache", "float16", (1, 2, 8, 4), True)
+    meta = blob.BlobMetadata(io_bindings=(cache, blob.IOBinding("output_0", "float16", (1, 2, 8, 4), False, aliases="cache")))
+    back, _ = blob.decode(blob.encode(REF, meta))
+    assert back.io_bindings == meta.io_bindings and _aliases(back.inputs, back.outputs) == {0: 0}
+    assert "aliases" not in json.dumps(META.io_bindings[1].to_json())  # only where there is one
+    wrong = blob.IOBinding("output_0", "float32", (1, 2, 8, 4), False, aliases="cache")
+    with pytest.raises(BlobFormatError, match="updates input 'cache' in place, but the engine has no input of that"):
+        _aliases((cache,), (wrong,))

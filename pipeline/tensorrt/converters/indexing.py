@@ -112,18 +112,90 @@ def _index_put_ok(node: Node, spec: Any) -> str | None:
 
 @converter(aten.index_put.default, validator=_index_put_ok)
 def index_put(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """`x[..., idx, ...] = values` with one 1-D index tensor at dim d (a KV cache written at its
-    positions): an element-wise scatter along d into a new tensor. Repeated indices leave which
-    value lands unspecified, as in torch."""
+    """`x[..., idx, ...] = values` with one 1-D index tensor at dim d. A KV cache written at a run of
+    positions, where the cache is an engine input nothing else reads and the result an engine output,
+    is updated in place (`_cache_update`). Otherwise: an element-wise scatter along d into a new
+    tensor; repeated indices leave which value lands unspecified, as in torch."""
     x, indices, values = args[0], list(args[1]), args[2]
     d = next(i for i, t in enumerate(indices) if t is not None)
     rank, sizes = len(x.shape), ctx.dims(x)
     idx = _wrapped(ctx, indices[d], sizes[d])
     target = sizes[:d] + [ctx.dims(idx)[0]] + sizes[d + 1:]  # the shape of x[..., idx, ...]
     values = broadcast(ctx, unsqueeze_to(ctx, ctx.tensor(values, like=x, dtype=ctx.node_dtype(node)), rank), target)
+    start = _run_start(ctx, node, d)
+    if start is not None and _updates_in_place(ctx, node, x, values, d):
+        return _cache_update(ctx, node, x, values, start)
     idx = broadcast(ctx, ctx.reshape(idx, [1] * d + [-1] + [1] * (rank - d - 1)), target)
     layer = ctx.network.add_scatter(x, idx, values, trt().ScatterMode.ELEMENT)
     layer.axis = d
+    return layer.get_output(0)
+
+
+def _run_start(ctx: ConversionContext, node: Node, d: int) -> Any:
+    """Where the index of `index_put` starts (a node or an int) when its positions run consecutively:
+    a one-element index, `arange(start, end)` (or its folded constant), or `arange(0, n) + start`
+    (transformers' static cache: its cumulative length plus the token count). None otherwise."""
+    index = node.args[1][d]  # type: ignore[index]
+    val = index.meta.get("val")
+    if val is not None and tuple(val.shape) == (1,):
+        return index
+    first = _arange_start(ctx, index)
+    if first is not None:
+        return first
+    if index.target == aten.add.Tensor and "alpha" not in index.kwargs:
+        a, b = index.args
+        for run, offset in ((a, b), (b, a)):
+            if isinstance(run, Node) and _arange_start(ctx, run) == 0 and _one_element(offset):
+                return offset
+    return None
+
+
+def _arange_start(ctx: ConversionContext, node: Node) -> int | None:
+    """The first value of an `arange` with step 1 with a constant start, whether still a node or
+    already folded into a constant; None for anything else."""
+    if node.target in (aten.arange.start_step, aten.arange.start) and isinstance(node.args[0], int):
+        step = node.args[2] if len(node.args) > 2 else node.kwargs.get("step", 1)
+        return node.args[0] if step == 1 else None
+    value = ctx.constants.get(node)
+    if value is None or value.dim() != 1 or not value.numel() or value.dtype not in _INDEX_DTYPES:
+        return None
+    first = int(value[0])
+    return first if torch.equal(value, torch.arange(first, first + value.numel(), dtype=value.dtype)) else None
+
+
+def _one_element(x: Any) -> bool:
+    val = x.meta.get("val") if isinstance(x, Node) else None
+    return isinstance(val, torch.Tensor) and val.numel() == 1 and val.dtype in _INDEX_DTYPES
+
+
+def _updates_in_place(ctx: ConversionContext, node: Node, x: Any, values: Any, d: int) -> bool:
+    """TensorRT's KVCacheUpdate layer applies: a [B, H, S, D] cache written along S, which is an
+    engine input (with a static S) no other layer reads, updated with values of its own dtype into an
+    engine output."""
+    cache = node.args[0]
+    return (hasattr(ctx.network, "add_kv_cache_update") and len(x.shape) == 4 and d == 2 and x.shape[2] >= 0 and x.is_network_input and x.dtype == values.dtype
+            and x.dtype in (trt().float32, trt().float16, trt().bfloat16) and isinstance(cache, Node)
+            and cache.op == "placeholder" and len(cache.users) == 1 and any(u.op == "output" for u in node.users))
+
+
+def _cache_update(ctx: ConversionContext, node: Node, cache: Any, update: Any, start: Node | int) -> Any:
+    """`cache[:, :, start:start+T] = update` in the cache's own memory: the engine's output is the
+    cache input (bound to one tensor at run time; the binding says so). The start is clamped to the
+    cache ([0, S - T]), so a position past its end never writes outside it (`generate` refuses such a
+    prompt before anything runs)."""
+    if isinstance(start, int):
+        first = ctx.constant(torch.tensor([start]), torch.int64)
+    else:
+        first = ctx.reshape(ctx.cast(ctx.values[start], torch.int64), (1,))
+    count = ctx.dims(update)[2]
+    count = ctx.constant(torch.tensor([count]), torch.int64) if isinstance(count, int) else ctx.reshape(count, (1,))
+    room = elementwise(ctx, ew_ops().SUB, ctx.constant(torch.tensor([cache.shape[2]]), torch.int64), count)
+    first = elementwise(ctx, ew_ops().MAX, elementwise(ctx, ew_ops().MIN, first, room),
+                        ctx.constant(torch.tensor([0]), torch.int64))
+    batch = ctx.dims(cache)[0]
+    write = first if batch == 1 else broadcast(ctx, first, [batch])
+    layer = ctx.network.add_kv_cache_update(cache, update, ctx.cast(write, torch.int32), trt().KVCacheMode.LINEAR)
+    ctx.in_place[node] = cache.name
     return layer.get_output(0)
 
 

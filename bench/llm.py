@@ -1,0 +1,273 @@
+"""LLM benchmark (GPU): a decoder built by the pipeline (default: the TinyLlama-sized Llama, about
+1.1 B parameters, fp16, batch 1: `+experiment=llm_fp16`) against eager `transformers` and
+`transformers` under `torch.compile` (static cache, CUDA graphs), on the same seeded weights.
+
+Per variant: prefill latency (one call of 128 and of 512 tokens) and decode tokens/s (greedy steps:
+a step, the argmax on the device, one token read back), with decode's physical limit (weight bytes /
+memory bandwidth, at the GPU's rated bandwidth and at the one a device copy reaches here) and each
+variant's fraction of it. For our program also: device memory it takes (against weights + cache),
+bytes copied and kernels launched per decode step (from the CUDA profiler: the cache is updated
+where it lives, so a step copies no cache), and teacher-forced correctness (logits of decode steps
+after a prompt, against eager `transformers`: the largest error relative to the logits' range,
+and top-1 agreement). Prints markdown; `--out` also writes `llm.json` and `llm.md`.
+
+    python bench/llm.py                                   # TinyLlama-sized, fp16
+    python bench/llm.py --set model=llama_tiny model.kwargs.max_cache_len=256 --prompt 128 --steps 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from pipeline.config import objects
+from pipeline.config.compose import compose
+from pipeline.export import save
+from pipeline.intermediates import load_constants, load_exported
+from pipeline.runtime import load
+from pipeline.steps import run_compile
+from pipeline.tensorrt.engine_runner import RuntimeOptions
+
+RATED_GBS = {"H200": 4800.0, "H100": 3350.0}  # HBM bandwidth, GB/s (NVIDIA's data sheets; H100 SXM)
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens [1, T], start [1]) -> logits
+
+
+def build(cfg: dict[str, Any], folder: Path) -> dict[str, Path]:
+    """The program: the pipeline's compile step, then lowered and written in process (the same
+    program `dvc repro` writes, without the stage intermediates between export and serialize)."""
+    run_compile(cfg, folder / "compiled")
+    programs = {m: load_exported(folder / "compiled" / f"{m}.pt2") for m in cfg["model"]["methods"]}
+    return save(programs, folder / "program" / f"{cfg['model']['name']}.pte",
+                external_data=bool(cfg["serialize"]["external_data"]), constant_methods=load_constants(folder / "compiled"))
+
+
+def measured_bandwidth_gbs(gib: int = 2) -> float:
+    """GB/s a device-to-device copy reaches (bytes read + written over its time)."""
+    src = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = begin.elapsed_time(end) / 1e3 / 10
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (gib << 30) / seconds / 1e9
+
+
+def prefill_ms(step: Step, tokens: int, vocab: int, reps: int = 10) -> float:
+    """Median milliseconds of one prefill call of `tokens` tokens (synced, CUDA events)."""
+    prompt = torch.randint(0, vocab, (1, tokens), device="cuda")
+    start = torch.zeros(1, dtype=torch.int64, device="cuda")
+    times = []
+    for i in range(reps + 3):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        step(prompt, start)
+        end.record()
+        end.synchronize()
+        if i >= 3:
+            times.append(begin.elapsed_time(end))
+    return statistics.median(times)
+
+
+def decode_loop(step: Step, token: torch.Tensor, position: torch.Tensor, first: int, steps: int) -> float:
+    """Seconds for `steps` greedy decode steps from position `first` (each: a step, the argmax
+    into `token` on the device, the position moved on, the token read back)."""
+    position.fill_(first)
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    for _ in range(steps):
+        logits = step(token, position)
+        torch.argmax(logits[:, -1], dim=-1, keepdim=True, out=token)
+        position += 1
+        int(token.item())
+    return time.perf_counter() - begin
+
+
+def tokens_per_s(step: Step, token: torch.Tensor, position: torch.Tensor, first: int, steps: int) -> float:
+    decode_loop(step, token, position, first, 8)  # warm-up (captures graphs, compiles kernels)
+    return statistics.median(steps / decode_loop(step, token, position, first, steps) for _ in range(3))
+
+
+def profile_step(step: Step, token: torch.Tensor, position: torch.Tensor, first: int, steps: int = 8) -> dict[str, float]:
+    """Per decode step: bytes moved by copies (memcpy and memset), kernels and graph launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decode_loop(step, token, position, first, 4)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        decode_loop(step, token, position, first, steps)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text()).get("traceEvents", [])
+    copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    launches = [e for e in events if e.get("cat") == "cuda_runtime" and "GraphLaunch" in str(e.get("name"))]
+    return {"copied_bytes_per_step": sum(float(e.get("args", {}).get("bytes", 0)) for e in copies) / steps,
+            "copies_per_step": len(copies) / steps, "kernels_per_step": len(kernels) / steps,
+            "graph_launches_per_step": len(launches) / steps}
+
+
+def teacher_forced(step: Step, reference: Step, prompt_len: int, steps: int, vocab: int) -> dict[str, float]:
+    """Prefill a prompt, then `steps` decode steps fed the given tokens (not the predicted ones):
+    the largest |ours - reference| over the reference logits' largest magnitude, and how often the
+    two argmaxes agree (prefill's last position and every decode step)."""
+    generator = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, vocab, (1, prompt_len), generator=generator).cuda()
+    follow = torch.randint(0, vocab, (steps,), generator=generator).cuda()
+    zero = torch.zeros(1, dtype=torch.int64, device="cuda")
+    errors, agree = [], []
+    with torch.no_grad():
+        pairs = [(step(prompt, zero)[:, -1].float().clone(), reference(prompt, zero)[:, -1].float())]
+        for i, token in enumerate(follow):
+            position = torch.tensor([prompt_len + i], device="cuda")
+            pairs.append((step(token.view(1, 1), position)[:, -1].float().clone(),
+                          reference(token.view(1, 1), position)[:, -1].float()))
+    for got, want in pairs:
+        errors.append(float((got - want).abs().max() / want.abs().max()))
+        agree.append(bool((got.argmax(-1) == want.argmax(-1)).all()))
+    return {"max_rel_error": max(errors), "median_rel_error": statistics.median(errors),
+            "top1_agreement": sum(agree) / len(agree), "positions": len(agree)}
+
+
+def ours(program: Any) -> tuple[Step, Step, torch.Tensor, torch.Tensor]:
+    """Prefill and decode calls of a loaded program, and decode's own input buffers (as `generate`)."""
+    prefill, decode = program.method("prefill"), program.method("decode")
+    token, position = decode.input_buffer(0, (1, 1)), decode.input_buffer(1, (1,))
+    token = torch.zeros(1, 1, dtype=torch.int64, device="cuda") if token is None else token
+    position = torch.zeros(1, dtype=torch.int64, device="cuda") if position is None else position
+    return (lambda t, s: prefill.execute([t, s], copy_outputs=False)[0],
+            lambda t, s: decode.execute([t, s], copy_outputs=False)[0], token, position)
+
+
+def guarded(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    """Run one measurement; a failure is recorded under its name and the rest go on."""
+    try:
+        results[name] = fn()
+    except Exception as exc:  # one broken variant must not cost the others' numbers
+        results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        traceback.print_exc()
+    print(name, json.dumps(results[name]), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", nargs="*", default=["+experiment=llm_fp16"], help="Hydra overrides of the build")
+    parser.add_argument("--prefill", nargs="*", type=int, default=[128, 512], help="prompt lengths timed")
+    parser.add_argument("--steps", type=int, default=64, help="decode steps timed, and teacher-forced")
+    parser.add_argument("--prompt", type=int, default=128, help="prompt length before the decode steps")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--build", type=Path, default=None, help="build folder (default: a temporary one)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/llm.py needs a CUDA GPU")
+    cfg: dict[str, Any] = OmegaConf.to_container(compose(list(args.set)), resolve=True)  # type: ignore[assignment]
+    kwargs = cfg["model"]["kwargs"]
+    vocab = int(kwargs["vocab_size"])
+    results: dict[str, Any] = {"config": args.set, "gpu": torch.cuda.get_device_name()}
+
+    start = time.perf_counter()
+    files = build(cfg, args.build or Path(tempfile.mkdtemp()))
+    results["build_s"] = round(time.perf_counter() - start, 1)
+    results["files_GB"] = {k: round(Path(v).stat().st_size / 1e9, 3) for k, v in files.items()}
+    print("built", results["build_s"], results["files_GB"], flush=True)
+
+    model: Any = objects.model(cfg)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    cache_bytes = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "cache" in n)
+    results["weights_GB"], results["cache_GB"] = weight_bytes / 1e9, cache_bytes / 1e9
+
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    variants: dict[str, tuple[Step, Step, torch.Tensor, torch.Tensor]] = {}
+    program = load(files["pte"], files.get("ptd"), options=RuntimeOptions(method_graph=True))
+    variants["ours (method graph)"] = ours(program)
+    variants["ours (method graph)"][1](*variants["ours (method graph)"][2:])
+    torch.cuda.synchronize()
+    results["ours_device_GB"] = (free_before - torch.cuda.mem_get_info()[0]) / 1e9
+    results["engines_on_device"] = len(program._engines)
+    stepwise = load(files["pte"], files.get("ptd"), options=RuntimeOptions(cuda_graph=True))
+    variants["ours (engine graphs, step by step)"] = ours(stepwise)
+
+    model = model.cuda()
+    variants["eager transformers"] = (model.step, model.step, torch.zeros(1, 1, dtype=torch.int64, device="cuda"),
+                                      torch.zeros(1, dtype=torch.int64, device="cuda"))
+    if not args.no_compile:
+        for name, buffer in model.named_buffers():
+            if "cache" in name:  # moved to the GPU: new tensors, which CUDA graphs must see as fixed
+                torch._dynamo.mark_static_address(buffer)
+        compiled = torch.compile(model.step, mode="reduce-overhead", dynamic=False)
+        variants["torch.compile (static cache, CUDA graphs)"] = (
+            compiled, compiled, torch.zeros(1, 1, dtype=torch.int64, device="cuda"),
+            torch.zeros(1, dtype=torch.int64, device="cuda"))
+
+    reference = model.step
+    rated = next((v for k, v in RATED_GBS.items() if k in results["gpu"]), None)
+    guarded(results, "bandwidth_GBs", lambda: {"rated": rated, "measured_copy": measured_bandwidth_gbs()})
+    bw = results["bandwidth_GBs"]
+    limits = {k: v * 1e9 / weight_bytes for k, v in bw.items() if isinstance(v, float)}
+    results["decode_limit_tok_s"] = limits
+    rows = []
+    with torch.no_grad():
+        for name, (prefill, decode, token, position) in variants.items():
+            row: dict[str, Any] = {"variant": name}
+            for length in args.prefill:
+                guarded(row, f"prefill_{length}_ms", lambda p=prefill, n=length: prefill_ms(p, n, vocab))
+            guarded(row, "decode_tok_s", lambda d=decode, t=token, p=position: tokens_per_s(d, t, p, args.prompt, args.steps))
+            for k, limit in limits.items():
+                if isinstance(row["decode_tok_s"], float):
+                    row[f"fraction_of_{k}_limit"] = row["decode_tok_s"] / limit
+            if name.startswith("ours"):
+                guarded(row, "per_step", lambda d=decode, t=token, p=position: profile_step(d, t, p, args.prompt))
+                guarded(row, "teacher_forced", lambda p=prefill, d=decode: teacher_forced(
+                    lambda t, s: (p if t.shape[1] > 1 else d)(t, s), reference, args.prompt, args.steps, vocab))
+            rows.append(row)
+    results["rows"] = rows
+    table = markdown(results)
+    print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "llm.json").write_text(json.dumps(results, indent=1))
+        (args.out / "llm.md").write_text(table + "\n")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [f"{results['gpu']}, {' '.join(results['config'])}: weights {results['weights_GB']:.3f} GB, cache "
+             f"{results['cache_GB']:.3f} GB; our program on the device {results['ours_device_GB']:.3f} GB "
+             f"({results['engines_on_device']} engine); decode limit (tok/s) {results['decode_limit_tok_s']}", "",
+             "| variant | " + " | ".join(c for c in _columns(results)) + " |", "|---|" + "---|" * len(_columns(results))]
+    for row in results["rows"]:
+        cells = []
+        for c in _columns(results):
+            v = row.get(c, "")
+            cells.append(f"{v:.3f}" if isinstance(v, float) else json.dumps(v) if isinstance(v, dict) else str(v))
+        lines.append(f"| {row['variant']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _columns(results: dict[str, Any]) -> list[str]:
+    seen: dict[str, None] = {}
+    for row in results["rows"]:
+        for k in row:
+            if k != "variant":
+                seen.setdefault(k)
+    return list(seen)
+
+
+if __name__ == "__main__":
+    main()
