@@ -1,11 +1,12 @@
 """Stage intermediates, written and read here only: one `.pt2` per method after compile (torch's
-export archive) and one `.edge` per method after export and transform (ExecuTorch's serde), and
-beside them the program's constant methods (`constants.json`, e.g. a decoder's `max_cache_len`). Reading
+export archive) and one `.edge` per method after export and transform (ExecuTorch's serde, with
+its engines beside it in `data/` by content), and beside them the program's constant methods (`constants.json`, e.g. a decoder's `max_cache_len`). Reading
 never runs code: an archive that asks for unpickling is refused before torch reads it, and every
 `torch.load` inside runs weights-only."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -26,6 +27,10 @@ from pipeline.files import write_json
 
 # The constant methods a program carries, {name: value}, beside a step's per-method files.
 CONSTANTS = "constants.json"
+# Large payloads of lowered modules (engines), by SHA-256, beside the `.edge` files, which name them
+# in `<method>.data.json`; `_LARGE` bytes and up go there.
+DATA = "data"
+_LARGE = 1 << 20
 # Archive members torch's loader unpickles (torchbind and opaque constants), by name prefix.
 _PICKLED = ("custom_obj_", "opaque_obj_")
 
@@ -55,7 +60,8 @@ def load_exported(path: str | Path) -> ExportedProgram:
 
 
 def save_edge(manager: EdgeProgramManager, methods: list[str], out_dir: Path) -> None:
-    """Each method's `.edge` program, and the manager's constant methods (`CONSTANTS`) if any."""
+    """Each method's `.edge` program, and the manager's constant methods (`CONSTANTS`) if any. The
+    large payloads of its lowered modules (engines) go to `DATA` by content, once for all methods."""
     from executorch.exir.serde.serialize import save
 
     save_constants(manager._config_methods, out_dir)
@@ -63,12 +69,20 @@ def save_edge(manager: EdgeProgramManager, methods: list[str], out_dir: Path) ->
         program = manager.exported_program(m)
         _strip_provenance(program)
         buffer = io.BytesIO()
-        save(program, buffer)
+        with _payloads_apart(program, out_dir / DATA) as index:
+            save(program, buffer)
         (out_dir / f"{m}.edge").write_bytes(_fixed_zip_times(buffer.getvalue()))
+        if index:
+            write_json(out_dir / f"{m}.data.json", index)
 
 
 def load_edge(methods: list[str], in_dir: str | Path) -> EdgeProgramManager:
-    """The `.edge` programs of `methods` as one manager (ExecuTorch's loader reads weights-only)."""
+    """The `.edge` programs of `methods` as one manager (ExecuTorch's loader reads weights-only),
+    their lowered modules' payloads put back from `DATA`.
+
+    Raises:
+        ArtifactError: a file is unreadable, or a payload is missing or not what its name says.
+    """
     from executorch.exir.serde.serialize import load
 
     import pipeline.tensorrt.backend  # noqa: F401  (delegates deserialize by backend id)
@@ -82,8 +96,81 @@ def load_edge(methods: list[str], in_dir: str | Path) -> EdgeProgramManager:
         except Exception as exc:
             raise ArtifactError(f"{path} cannot be loaded as an Edge program ({type(exc).__name__}); run the "
                                 "stage that writes it again") from exc
+        index = Path(in_dir) / f"{m}.data.json"
+        if index.exists():
+            _put_back(programs[m], json.loads(index.read_text()), Path(in_dir) / DATA)
     return EdgeProgramManager(programs, constant_methods=load_constants(in_dir),
                               compile_config=EdgeCompileConfig(_check_ir_validity=False))
+
+
+@contextmanager
+def _payloads_apart(program: ExportedProgram, folder: Path) -> Iterator[dict[str, Any]]:
+    """While ExecuTorch's serde writes `program`: each large named-data buffer of its lowered
+    modules is an empty one, and each large constant of their original modules a one-byte stand-in
+    of its shape (serde would write both into the JSON as base64: an engine twice, at about 10 s per
+    100 MB). The payloads go to `folder` under their SHA-256, the index of what went where is
+    yielded, and everything is put back after."""
+    index: dict[str, Any] = {}
+    undo: list[Any] = []
+    for name, module in _lowered(program):
+        named, state = {}, {}
+        store = module.named_data_store_output
+        for i, data in enumerate(store.buffers if store is not None else []):
+            if len(data) >= _LARGE:
+                named[str(i)] = _put(folder, bytes(data))
+                store.buffers[i] = b""
+                undo.append(lambda b=store.buffers, i=i, d=data: b.__setitem__(i, d))
+        original = module.original_module.state_dict
+        for key, tensor in list(original.items()):
+            if tensor.dtype == torch.uint8 and tensor.dim() == 1 and tensor.numel() >= _LARGE:
+                state[key] = _put(folder, tensor.contiguous().numpy().tobytes())
+                original[key] = torch.zeros(1, dtype=torch.uint8).expand(tensor.numel())
+                undo.append(lambda o=original, k=key, t=tensor: o.__setitem__(k, t))
+        if named or state:
+            index[name] = {"named_data": named, "state": state}
+    try:
+        yield index
+    finally:
+        for restore in undo:
+            restore()
+
+
+def _put_back(program: ExportedProgram, index: dict[str, Any], folder: Path) -> None:
+    modules = dict(_lowered(program))
+    for name, entry in index.items():
+        module = modules.get(name)
+        if module is None:
+            raise ArtifactError(f"{folder.parent} names payloads of {name!r}, which its program does not have; "
+                                "run the stage that writes it again")
+        for i, digest in entry["named_data"].items():
+            module.named_data_store_output.buffers[int(i)] = _get(folder, digest)
+        for key, digest in entry["state"].items():
+            module.original_module.state_dict[key] = torch.frombuffer(bytearray(_get(folder, digest)), dtype=torch.uint8)
+
+
+def _lowered(program: ExportedProgram) -> list[tuple[str, Any]]:
+    """The lowered (delegate) modules of a program's graph, by attribute name."""
+    return [(n, m) for n, m in program.graph_module.named_children() if hasattr(m, "named_data_store_output")]
+
+
+def _put(folder: Path, data: bytes) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    path = folder / digest
+    if not path.exists():  # equal payloads (prefill's and decode's engine) are stored once
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return digest
+
+
+def _get(folder: Path, digest: str) -> bytes:
+    path = folder / digest
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ArtifactError(f"{path} is missing ({exc.strerror}); run the stage that writes it again") from exc
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ArtifactError(f"{path} is not the data its name says (damaged); run the stage that writes it again")
+    return data
 
 
 def save_constants(constants: Mapping[str, Any] | None, out_dir: Path) -> None:

@@ -98,3 +98,29 @@ def test_edge_loader_is_weights_only(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError):
         load_edge(["forward"], tmp_path)
     assert not marker.exists()
+
+
+def test_edge_engines_are_kept_beside_the_program_once(tmp_path: Path) -> None:
+    """ExecuTorch's serde would write each engine into the `.edge` JSON as base64, twice: the stage
+    writes it beside, by content, once for every method that calls it, and reads it back checked."""
+    from pipeline.export import export
+    from pipeline.intermediates import DATA, save_edge
+
+    layer = torch.nn.Linear(640, 640)
+    programs = {m: compile_method(layer, (torch.randn(2, 640),), method=m) for m in ("a", "b")}
+    manager = export(programs)
+    (mine,) = [c for _, c in manager.exported_program("a").graph_module.named_children() if hasattr(c, "original_module")]
+    engine = bytes(mine.named_data_store_output.buffers[0])
+    save_edge(manager, ["a", "b"], tmp_path)
+    (stored,) = (tmp_path / DATA).iterdir()  # one engine, both methods'
+    assert stored.read_bytes() == engine and all((tmp_path / f"{m}.edge").stat().st_size < len(engine) for m in "ab")
+    back = load_edge(["a", "b"], tmp_path)
+    for m in "ab":
+        (module,) = [c for _, c in back.exported_program(m).graph_module.named_children() if hasattr(c, "original_module")]
+        assert bytes(module.named_data_store_output.buffers[0]) == engine
+        (constant,) = module.original_module.state_dict.values()
+        assert constant.numpy().tobytes() == engine
+    assert bytes(mine.named_data_store_output.buffers[0]) == engine  # the caller's program, as it was
+    stored.write_bytes(engine[:-1] + b"\0")
+    with pytest.raises(ArtifactError, match="is not the data its name says"):
+        load_edge(["a"], tmp_path)
