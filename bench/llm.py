@@ -32,23 +32,12 @@ from omegaconf import OmegaConf
 
 from pipeline.config import objects
 from pipeline.config.compose import compose
-from pipeline.export import save
-from pipeline.intermediates import load_constants, load_exported
 from pipeline.runtime import load
-from pipeline.steps import run_compile
+from pipeline.steps import run_all
 from pipeline.tensorrt.engine_runner import RuntimeOptions
 
 RATED_GBS = {"H200": 4800.0, "H100": 3350.0}  # HBM bandwidth, GB/s (NVIDIA's data sheets; H100 SXM)
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens [1, T], start [1]) -> logits
-
-
-def build(cfg: dict[str, Any], folder: Path) -> dict[str, Path]:
-    """The program: the pipeline's compile step, then lowered and written in process (the same
-    program `dvc repro` writes, without the stage intermediates between export and serialize)."""
-    run_compile(cfg, folder / "compiled")
-    programs = {m: load_exported(folder / "compiled" / f"{m}.pt2") for m in cfg["model"]["methods"]}
-    return save(programs, folder / "program" / f"{cfg['model']['name']}.pte",
-                external_data=bool(cfg["serialize"]["external_data"]), constant_methods=load_constants(folder / "compiled"))
 
 
 def measured_bandwidth_gbs(gib: int = 2) -> float:
@@ -182,7 +171,7 @@ def main() -> None:
     results: dict[str, Any] = {"config": args.set, "gpu": torch.cuda.get_device_name()}
 
     start = time.perf_counter()
-    files = build(cfg, args.build or Path(tempfile.mkdtemp()))
+    files = run_all(cfg, args.build or Path(tempfile.mkdtemp()))  # what `dvc repro` runs
     results["build_s"] = round(time.perf_counter() - start, 1)
     results["files_GB"] = {k: round(Path(v).stat().st_size / 1e9, 3) for k, v in files.items()}
     print("built", results["build_s"], results["files_GB"], flush=True)

@@ -119,8 +119,9 @@ class EngineRunner:
         caller's inputs are only read. Without `outputs` every other output is a new tensor. With
         `outputs` (resized to fit) the engine writes into them, except at the positions in `fresh`,
         which get new tensors. Under a CUDA graph (captured at fixed addresses; TensorRT-RTX captures
-        it again whenever a bound address moves) a new tensor is used only where the previous one was (the caller let it go and the
-        allocator handed the block back); otherwise that output goes to `outputs` from then on.
+        it again whenever a bound address moves) a new tensor is used only where the previous one
+        was (the caller let it go and the allocator handed the block back); otherwise that output
+        goes to `outputs` from then on.
         Shapes and addresses are handed to TensorRT only when they change: the steady state is one
         `execute_async_v3` call.
         """

@@ -173,23 +173,25 @@ def _updates_in_place(ctx: ConversionContext, node: Node, x: Any, values: Any, d
     engine input (with a static S) no other layer reads, updated with values of its own dtype into an
     engine output."""
     cache = node.args[0]
-    return (hasattr(ctx.network, "add_kv_cache_update") and len(x.shape) == 4 and d == 2 and x.shape[2] >= 0 and x.is_network_input and x.dtype == values.dtype
-            and x.dtype in (trt().float32, trt().float16, trt().bfloat16) and isinstance(cache, Node)
-            and cache.op == "placeholder" and len(cache.users) == 1 and any(u.op == "output" for u in node.users))
+    return (hasattr(ctx.network, "add_kv_cache_update") and len(x.shape) == 4 and d == 2 and x.shape[2] >= 0
+            and x.is_network_input and x.dtype == values.dtype and x.dtype in (trt().float32, trt().float16, trt().bfloat16)
+            and isinstance(cache, Node) and cache.op == "placeholder" and len(cache.users) == 1
+            and any(u.op == "output" for u in node.users))
 
 
 def _cache_update(ctx: ConversionContext, node: Node, cache: Any, update: Any, start: Node | int) -> Any:
     """`cache[:, :, start:start+T] = update` in the cache's own memory: the engine's output is the
     cache input (bound to one tensor at run time; the binding says so). The start is clamped to the
-    cache ([0, S - T]), so a position past its end never writes outside it (`generate` refuses such a
-    prompt before anything runs)."""
+    cache ([0, S - T]) after torch's wrapping of a negative one, so a position past its end never
+    writes outside it (`generate` refuses such a prompt before anything runs)."""
+    size = cache.shape[2]
     if isinstance(start, int):
-        first = ctx.constant(torch.tensor([start]), torch.int64)
+        first = ctx.constant(torch.tensor([start % size if start < 0 else start]), torch.int64)
     else:
-        first = ctx.reshape(ctx.cast(ctx.values[start], torch.int64), (1,))
+        first = ctx.reshape(_wrapped(ctx, ctx.values[start], size), (1,))
     count = ctx.dims(update)[2]
     count = ctx.constant(torch.tensor([count]), torch.int64) if isinstance(count, int) else ctx.reshape(count, (1,))
-    room = elementwise(ctx, ew_ops().SUB, ctx.constant(torch.tensor([cache.shape[2]]), torch.int64), count)
+    room = elementwise(ctx, ew_ops().SUB, ctx.constant(torch.tensor([size]), torch.int64), count)
     first = elementwise(ctx, ew_ops().MAX, elementwise(ctx, ew_ops().MIN, first, room),
                         ctx.constant(torch.tensor([0]), torch.int64))
     batch = ctx.dims(cache)[0]
