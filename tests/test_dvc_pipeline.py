@@ -142,8 +142,10 @@ STEPS = ("compile", "export", "transform", "serialize", "validate")
 
 
 def test_build_matrix_builds_every_target_and_rebuilds_a_changed_one_alone(repo: Path) -> None:
+    """Target b is a decoder (as `matrix=decoders` has them): prefill and decode, one engine, nothing
+    left outside TensorRT."""
     targets = ["+model@targets.a.model=mlp", "+compile@targets.a.compile=fp16",
-               "+model@targets.b.model=mlp", "+compile@targets.b.compile=default"]
+               "+model@targets.b.model=llama_tiny", "+compile@targets.b.compile=default"]
     _run([sys.executable, "-m", "pipeline.config.compose", *targets], repo)
     ran = [s for s in _stages_run(_run(["dvc", "repro"], repo)) if "@" in s]
     assert sorted(ran) == sorted(f"target_{step}@{t}" for step in ("toolchain", *STEPS) for t in "ab")
@@ -151,6 +153,8 @@ def test_build_matrix_builds_every_target_and_rebuilds_a_changed_one_alone(repo:
         assert json.loads((repo / "matrix" / target / "metrics.json").read_text())["engines"] == 1
         manifest = json.loads((repo / "build" / "targets" / target / "manifest.json").read_text())
         assert manifest["config"]["compile"]["precision"] == precision and manifest["config"]["targets"] == {}
+    report = json.loads((repo / "build" / "targets" / "b" / "report.json").read_text())
+    assert {m: (r["num_engines"], r["left_over"]) for m, r in report.items()} == {"prefill": (1, []), "decode": (1, [])}
     shown = _run(["dvc", "metrics", "show"], repo)
     assert "matrix/a/metrics.json" in shown and "matrix/b/metrics.json" in shown
     assert "matrix/a/plot.json" in _run(["dvc", "plots", "show", "--json"], repo)

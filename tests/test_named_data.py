@@ -174,6 +174,7 @@ def test_one_name_never_holds_two_methods_different_data(tmp_path: Path) -> None
     with pytest.raises(ExportError, match="constant 'table' holds different data in methods 'a' and 'b'"):
         save(clash, tmp_path / "clash.pte", external_data=True)
     cfg = OmegaConf.to_container(compose(["model=llama_tiny", "serialize=external", "cache=off",  # decode its own engine
+                                          "model.kwargs.num_hidden_layers=1",
                                           "model.methods.decode={function:step,inputs:[{shape:[1,1],dtype:int64},"
                                           "{shape:[1],dtype:int64}],dims:{},dynamic:{}}"]), resolve=True)
     files = run_all(cfg, tmp_path / "llama")  # type: ignore[arg-type]
