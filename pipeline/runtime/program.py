@@ -205,9 +205,11 @@ class Method:
         index = self._plan.inputs[position]
         slot = self._planned_inputs.get(index)
         spec = self._specs[position]
-        if slot is None or spec is None or not self._exclusive(slot):
+        if slot is None or spec is None:
             return None
         spec.check(f"method {self.name!r} input {position}", torch.empty(tuple(shape), dtype=slot.dtype, device="meta"))
+        if not self._exclusive(slot):
+            return None
         if tuple(slot.shape) != tuple(shape):
             slot.resize_(tuple(shape))
         return slot

@@ -72,3 +72,20 @@ def test_what_does_not_fit_is_refused_before_anything_runs(program: tuple[torch.
     run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(path), "--prompt", "1 2 3",
                           "--max-new-tokens", "4"], capture_output=True, text=True, check=True)
     assert len(run.stdout.split("\n")[0].split()) == 4 and "4 tokens in" in run.stdout
+
+
+def test_input_buffers_take_the_next_call_in_place(program: tuple[torch.nn.Module, Path]) -> None:
+    """`generate` writes each token and position into decode's own input memory where the plan
+    shares it with no other value (else it keeps its own tensors): either way the same logits; a
+    shape outside the plan is refused."""
+    decode = load(program[1], device="cpu").method("decode")
+    with pytest.raises(InputError, match="method 'decode' input 0"):
+        decode.input_buffer(0, (1, 25))
+    token, position = decode.input_buffer(0, (1, 1)), decode.input_buffer(1, (1,))
+    token = torch.empty(1, 1, dtype=torch.int64) if token is None else token
+    position = torch.empty(1, dtype=torch.int64) if position is None else position
+    token.fill_(5)
+    position.fill_(0)
+    (got,) = decode.execute([token, position])
+    (want,) = load(program[1], device="cpu").method("decode").execute([torch.tensor([[5]]), torch.tensor([0])])
+    torch.testing.assert_close(got, want)
