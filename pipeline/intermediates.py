@@ -1,12 +1,11 @@
 """Stage intermediates, written and read here only: one `.pt2` per method after compile (torch's
 export archive) and one `.edge` per method after export and transform (ExecuTorch's serde, with
-its engines beside it in `data/` by content), and beside them the program's constant methods (`constants.json`, e.g. a decoder's `max_cache_len`). Reading
-never runs code: an archive that asks for unpickling is refused before torch reads it, and every
+its engines beside it in `data/` by content), and beside them the program's constant methods
+(`constants.json`, e.g. a decoder's `max_cache_len`). Reading never runs code: an archive that asks for unpickling is refused before torch reads it, and every
 `torch.load` inside runs weights-only."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -22,6 +21,7 @@ import torch
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager
 from torch.export import ExportedProgram
 
+from pipeline import record
 from pipeline.errors import ArtifactError
 from pipeline.files import write_json
 
@@ -117,13 +117,13 @@ def _payloads_apart(program: ExportedProgram, folder: Path) -> Iterator[dict[str
         store = module.named_data_store_output
         for i, data in enumerate(store.buffers if store is not None else []):
             if len(data) >= _LARGE:
-                named[str(i)] = _put(folder, bytes(data))
+                named[str(i)] = _put(folder, memoryview(data))
                 store.buffers[i] = b""
                 undo.append(lambda b=store.buffers, i=i, d=data: b.__setitem__(i, d))
         original = module.original_module.state_dict
         for key, tensor in list(original.items()):
             if tensor.dtype == torch.uint8 and tensor.dim() == 1 and tensor.numel() >= _LARGE:
-                state[key] = _put(folder, tensor.contiguous().numpy().tobytes())
+                state[key] = _put(folder, tensor.contiguous().numpy().data)
                 original[key] = torch.zeros(1, dtype=torch.uint8).expand(tensor.numel())
                 undo.append(lambda o=original, k=key, t=tensor: o.__setitem__(k, t))
         if named or state:
@@ -153,8 +153,8 @@ def _lowered(program: ExportedProgram) -> list[tuple[str, Any]]:
     return [(n, m) for n, m in program.graph_module.named_children() if hasattr(m, "named_data_store_output")]
 
 
-def _put(folder: Path, data: bytes) -> str:
-    digest = hashlib.sha256(data).hexdigest()
+def _put(folder: Path, data: memoryview) -> str:
+    digest = record.sha256(data)
     path = folder / digest
     if not path.exists():  # equal payloads (prefill's and decode's engine) are stored once
         folder.mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,7 @@ def _get(folder: Path, digest: str) -> bytes:
         data = path.read_bytes()
     except OSError as exc:
         raise ArtifactError(f"{path} is missing ({exc.strerror}); run the stage that writes it again") from exc
-    if hashlib.sha256(data).hexdigest() != digest:
+    if record.sha256(data) != digest:
         raise ArtifactError(f"{path} is not the data its name says (damaged); run the stage that writes it again")
     return data
 

@@ -208,16 +208,16 @@ class Method:
         if slot is None or spec is None:
             return None
         spec.check(f"method {self.name!r} input {position}", torch.empty(tuple(shape), dtype=slot.dtype, device="meta"))
-        if not self._exclusive(slot):
+        if not self._exclusive(index, slot):
             return None
         if tuple(slot.shape) != tuple(shape):
             slot.resize_(tuple(shape))
         return slot
 
-    def _exclusive(self, slot: torch.Tensor) -> bool:
-        """No other tensor of the method is planned in any byte of `slot`'s memory."""
+    def _exclusive(self, index: int, slot: torch.Tensor) -> bool:
+        """No other tensor of the method is planned in any byte of input `index`'s memory `slot`."""
         begin = slot.data_ptr()
-        end = begin + self._capacity[next(i for i, t in self._planned_inputs.items() if t is slot)] * slot.element_size()
+        end = begin + self._capacity[index] * slot.element_size()
         for value in self._values:
             if isinstance(value, torch.Tensor) and value is not slot and value.device == slot.device:
                 start = value.data_ptr()

@@ -61,7 +61,7 @@ def content_digest(tensor: torch.Tensor) -> str:
     entry per name), so names must say what the data is: equal tensors share one, different never clash."""
     digest = hashlib.sha256(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
     flat = tensor.detach().cpu().contiguous().reshape(-1)
-    digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    digest.update(flat.view(torch.uint8).numpy().data if flat.numel() else b"")
     return digest.hexdigest()[:16]
 
 

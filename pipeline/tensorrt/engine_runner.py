@@ -84,6 +84,7 @@ class EngineRunner:
         self._out_shapes: list[tuple[int, ...]] | None = None
         self._held: set[str] = set()  # outputs that stay in the caller-given tensors (see __call__)
         self.aliases = _aliases(self.inputs, self.outputs)  # output position -> input it updates in place
+        self._aliased = frozenset(self.aliases.values())
 
     def _make_context(self, t: Any) -> Any:
         if not hasattr(self.engine, "create_runtime_config"):
@@ -157,7 +158,7 @@ class EngineRunner:
         """Check and bind the inputs; returns the tensors bound (kept alive) and whether a shape changed."""
         keep = []
         shapes_changed = False
-        copied = set(self.aliases.values()) - donated
+        copied = self._aliased - donated if self._aliased else self._aliased
         for k, (binding, dtype, tensor) in enumerate(zip(self.inputs, self._in_dtypes, args)):
             new_shape = self._shapes.get(binding.name) != tensor.shape
             if new_shape or tensor.dtype != dtype:
