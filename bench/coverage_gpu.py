@@ -184,7 +184,9 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, pte_path: Path, ptd: Path
         ours_ms, theirs_ms = (statistics.median(v.samples) for v in variants)
         result.update(ours_ms=ours_ms, onnx_ms=theirs_ms, ratio=ours_ms / theirs_ms)
         with torch.no_grad():
-            result["onnx_rel_error"] = _rel_error([x.clone() for x in theirs()], ref)
+            outs = theirs()
+            stream.synchronize()  # the engine ran on `stream`: read its outputs once it is done
+            result["onnx_rel_error"] = _rel_error(outs, ref)
     else:
         error = folder / "onnx.error"
         result["onnx_error"] = error.read_text() if error.exists() else "no ONNX engine"

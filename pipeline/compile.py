@@ -14,9 +14,9 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from pipeline.errors import UnsupportedOperatorError
+from pipeline.errors import CompileSpecError, UnsupportedOperatorError
 from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
-from pipeline.tensorrt.builder import build_engine
+from pipeline.tensorrt.builder import build_engine, profile_count
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.constant_fold import attr, content_digest, fold_constants, written_buffers
 from pipeline.tensorrt.engine_cache import EngineCache
@@ -67,14 +67,40 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
     """`compile_method` from an `export_method` program."""
     spec = (spec or TensorRTCompileSpec()).for_method(method)
     spec = spec.with_symbol_ranges(symbol_ranges(program, spec))
+    _check_profiles(program, spec, method)
     gm = program.module()
     _drop_metadata_asserts(gm)
     state = written_buffers(gm) | frozenset(state)  # never constants: what a method reads, another may have written
+    given = {name for name, _ in gm.named_buffers()}
     fold_constants(gm, state)
     engines = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
+    _drop_unread(gm, given)
     log.info("method %r: %d TensorRT engine(s)", method, engines)
     flat_args = torch.utils._pytree.tree_leaves(tuple(example_inputs))
     return torch.export.export(gm, tuple(flat_args), dynamic_shapes=_flat_dims(program))
+
+
+def _drop_unread(gm: torch.fx.GraphModule, given: set[str]) -> None:
+    """Remove the constants the compile step made (folded) that no node reads any more
+    (an engine took them in): the program would carry them beside the engine."""
+    read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    for name in [n for n, _ in gm.named_buffers()]:
+        if name not in given and name not in read and "." not in name:
+            delattr(gm, name)
+
+
+def _check_profiles(program: ExportedProgram, spec: TensorRTCompileSpec, method: str) -> None:
+    """Every dim a further optimization profile names is a symbolic dim of the program.
+
+    Raises:
+        CompileSpecError: one that is not (a static dim, or a name from elsewhere).
+    """
+    symbols = sorted(str(s) for s in program.range_constraints)
+    for i, profile in enumerate(spec.profiles):
+        for name in profile:
+            if name not in symbols:
+                raise CompileSpecError(f"compile profiles[{i}] names {name!r}, which is not a dynamic dim of method "
+                                       f"{method!r} (its symbolic dims: {symbols})")
 
 
 def _drop_metadata_asserts(gm: torch.fx.GraphModule) -> None:
@@ -143,7 +169,8 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
     outputs = _outputs(sub)
     shapes = [[_dim_expr(d, inputs) for d in o.meta["val"].shape] for o in outputs]
     # Only what the build determines: timings would make cached stage outputs differ run to run.
-    stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine)}
+    stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine),
+             "profiles": profile_count(built.metadata, spec)}
     metadata = blob.encode_op_metadata(built.metadata, shapes, stats)
     engine = torch.frombuffer(bytearray(built.engine), dtype=torch.uint8)
     name = f"_tensorrt_engine_{content_digest(engine)}"  # by content, as every constant the compile step makes

@@ -67,8 +67,8 @@ def _compile_methods(cfg: Mapping[str, Any], model: Any, out_dir: str | Path, ca
         save_constants(getattr(model, "program_constants", None), tmp)  # values the model asks its program to carry
         for method in methods:
             with step(f"compile: method {method!r} of {cfg['model']['name']}") as seconds:
-                program = compile_program(exported[method], inputs[method], objects.compile_spec(cfg, method), method,
-                                          cache, state)
+                spec = objects.compile_spec(cfg, method, exported[method])
+                program = compile_program(exported[method], inputs[method], spec, method, cache, state)
                 save_exported(program, tmp / f"{method}.pt2")
             timings[method] = round(timings[method] + seconds(), 2)
     return timings

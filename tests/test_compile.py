@@ -7,7 +7,7 @@ import torch
 from torch.export import Dim
 
 from pipeline.compile import compile_method
-from pipeline.errors import RuntimeUnavailableError
+from pipeline.errors import CompileSpecError, RuntimeUnavailableError
 from pipeline.models.decoder import MethodView, tiny_decoder
 from pipeline.tensorrt.blob import decode_op_metadata
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
@@ -51,6 +51,14 @@ def test_dynamic_dims_stay_shared_and_output_shapes_follow_inputs() -> None:
     lo, hi = (int(b) for b in (program.range_constraints[k.node.expr].lower, program.range_constraints[k.node.expr].upper))
     assert (lo, hi) == (1, 100)
     assert meta.inputs and all(b.dtype in ("float32", "int64") for b in meta.io_bindings)
+
+
+def test_a_profile_naming_no_dynamic_dim_is_one_line() -> None:
+    batch = Dim("batch", min=1, max=8)
+    spec = TensorRTCompileSpec(profiles=({"s999": (1, 1, 1)},))
+    with pytest.raises(CompileSpecError, match=r"^compile profiles\[0\] names 's999', which is not a dynamic dim of method "
+                                               r"'forward' \(its symbolic dims: \['s\d+'\]\)$"):
+        compile_method(torch.nn.Linear(4, 4), (torch.randn(2, 4),), spec, dynamic_shapes=({0: batch},))
 
 
 @pytest.mark.skipif(GPU, reason="checks the CPU error message")

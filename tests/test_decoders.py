@@ -37,9 +37,14 @@ def test_bad_decoder_kwargs_are_one_line(kwargs: dict[str, object], message: str
     assert str(error.value).startswith(message), error.value
 
 
+# llama_tiny's engine has a one-token profile for decode besides the whole token range (one engine,
+# two profiles: each method's context runs on the narrowest that takes its call); qwen2_tiny's one range.
+PROFILES = {"llama_tiny": ["compile.profiles=[{tokens:[1,1,1]}]"], "qwen2_tiny": []}
+
+
 @pytest.fixture(scope="module", params=MODELS)
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
-    cfg = compose([f"model={request.param}", "cache=off"])
+    cfg = compose([f"model={request.param}", "cache=off", *PROFILES[request.param]])
     out = tmp_path_factory.mktemp(request.param)
     steps.run_all(cfg, out)
     return cfg, out
@@ -49,6 +54,8 @@ def test_prefill_and_decode_lower_whole_with_the_cache_as_state(built: tuple[obj
     cfg, out = built
     report = json.loads((out / "report.json").read_text())
     assert {m: (r["num_engines"], r["left_over"]) for m, r in report.items()} == {"prefill": (1, []), "decode": (1, [])}
+    profiles = 1 + len(cfg.compile.profiles)  # type: ignore[attr-defined]
+    assert [e["profiles"] for r in report.values() for e in r["engines"]] == [profiles, profiles]
     kwargs = cfg.model.kwargs  # type: ignore[attr-defined]
     head_dim = kwargs.hidden_size // kwargs.num_attention_heads
     cache_bytes = 2 * kwargs.num_hidden_layers * kwargs.num_key_value_heads * kwargs.max_cache_len * head_dim * 4
@@ -66,6 +73,18 @@ def test_prefill_and_decode_lower_whole_with_the_cache_as_state(built: tuple[obj
         meta, _ = decode_op_metadata(engine.args[2])  # every K and V cache updated where it lives
         caches = {f"module_model_{kv}_cache_{i}" for kv in ("key", "value") for i in range(kwargs.num_hidden_layers)}
         assert {b.aliases for b in meta.outputs if b.aliases} == caches, method
+
+
+@pytest.mark.parametrize("profile, message", [
+    ("{tokns:[1,1,1]}", r"^compile.profiles\[0\] names dim 'tokns', which method 'prefill' does not have \(its dims: "
+                        r"\['tokens'\]\); name a dim of model.methods.prefill.dims, or give the method its own profiles in "
+                        r"compile.per_method.prefill$"),
+    ("{tokens:[1,1,100]}", r"^compile.profiles\[0\].tokens = \[1, 1, 100\] is not inside model.methods.prefill.dims.tokens "
+                           r"\(1..64\); a profile narrows a dim's range$"),
+])
+def test_a_bad_profile_is_one_line_before_anything_is_built(profile: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        compose(["model=llama_tiny", f"compile.profiles=[{profile}]"])
 
 
 @pytest.mark.gpu

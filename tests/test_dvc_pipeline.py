@@ -142,21 +142,23 @@ STEPS = ("compile", "export", "transform", "serialize", "validate")
 
 
 def test_build_matrix_builds_every_target_and_rebuilds_a_changed_one_alone(repo: Path) -> None:
-    """Target b is a decoder (as `matrix=decoders` has them): prefill and decode, one engine, nothing
-    left outside TensorRT."""
-    targets = ["+model@targets.a.model=mlp", "+compile@targets.a.compile=fp16",
-               "+model@targets.b.model=llama_tiny", "+compile@targets.b.compile=default"]
+    """Targets: mlp in fp16, and the two small decoders of `matrix=decoders` (prefill and decode,
+    one engine each, nothing left outside TensorRT; llama_tiny's engine has a one-token profile)."""
+    targets = ["matrix=decoders", "+model@targets.a.model=mlp", "+compile@targets.a.compile=fp16"]
     _run([sys.executable, "-m", "pipeline.config.compose", *targets], repo)
+    names = ("a", "llama_tiny", "qwen2_tiny")
     ran = [s for s in _stages_run(_run(["dvc", "repro"], repo)) if "@" in s]
-    assert sorted(ran) == sorted(f"target_{step}@{t}" for step in ("toolchain", *STEPS) for t in "ab")
-    for target, precision in (("a", "fp16"), ("b", "fp32")):
+    assert sorted(ran) == sorted(f"target_{step}@{t}" for step in ("toolchain", *STEPS) for t in names)
+    for target, precision in (("a", "fp16"), ("llama_tiny", "fp32"), ("qwen2_tiny", "fp32")):
         assert json.loads((repo / "matrix" / target / "metrics.json").read_text())["engines"] == 1
         manifest = json.loads((repo / "build" / "targets" / target / "manifest.json").read_text())
         assert manifest["config"]["compile"]["precision"] == precision and manifest["config"]["targets"] == {}
-    report = json.loads((repo / "build" / "targets" / "b" / "report.json").read_text())
-    assert {m: (r["num_engines"], r["left_over"]) for m, r in report.items()} == {"prefill": (1, []), "decode": (1, [])}
+    for target, profiles in (("llama_tiny", 2), ("qwen2_tiny", 1)):
+        report = json.loads((repo / "build" / "targets" / target / "report.json").read_text())
+        assert {m: (r["num_engines"], r["left_over"], [e["profiles"] for e in r["engines"]])
+                for m, r in report.items()} == {"prefill": (1, [], [profiles]), "decode": (1, [], [profiles])}
     shown = _run(["dvc", "metrics", "show"], repo)
-    assert "matrix/a/metrics.json" in shown and "matrix/b/metrics.json" in shown
+    assert "matrix/a/metrics.json" in shown and "matrix/qwen2_tiny/metrics.json" in shown
     assert "matrix/a/plot.json" in _run(["dvc", "plots", "show", "--json"], repo)
 
     _run([sys.executable, "-m", "pipeline.config.compose", *targets, "targets.a.compile.optimization_level=1"], repo)

@@ -110,11 +110,51 @@ def dynamic_shapes(spec: Mapping[str, Any], function: str) -> Any:
     return (tuple(shapes),) if function != "forward" else tuple(shapes)
 
 
-def compile_spec(cfg: Mapping[str, Any], method: str) -> TensorRTCompileSpec:
-    """The TensorRT compile spec of one method (global fields, then its per_method overrides)."""
+def compile_spec(cfg: Mapping[str, Any], method: str, program: torch.export.ExportedProgram | None = None) -> TensorRTCompileSpec:
+    """The TensorRT compile spec of one method (global fields, then its per_method overrides); with
+    the method's exported `program`, its `profiles` name the program's symbols instead of the
+    method's dim names.
+
+    Raises:
+        ConfigError: a profile names a dim the method does not have, or a range outside the dim's.
+    """
     fields = {k: v for k, v in cfg["compile"].items() if k != "per_method"}
     fields.update((cfg["compile"].get("per_method") or {}).get(method, {}))
-    return TensorRTCompileSpec.from_mapping(fields).for_method(method)
+    spec = TensorRTCompileSpec.from_mapping(fields).for_method(method)
+    if not spec.profiles:
+        return spec
+    dims = cfg["model"]["methods"][method].get("dims") or {}
+    symbols = dim_symbols(cfg["model"]["methods"][method], program) if program is not None else None
+    for i, profile in enumerate(spec.profiles):
+        for dim, (lo, opt, hi) in profile.items():
+            if dim not in dims:
+                raise ConfigError(f"compile.profiles[{i}] names dim {dim!r}, which method {method!r} does not have "
+                                  f"(its dims: {sorted(dims)}); name a dim of model.methods.{method}.dims, or give "
+                                  f"the method its own profiles in compile.per_method.{method}")
+            if symbols is not None and dim not in symbols:
+                raise ConfigError(f"compile.profiles[{i}] names dim {dim!r}, which no input of method {method!r} uses "
+                                  f"dynamically (model.methods.{method}.dynamic)")
+            if lo < dims[dim]["min"] or hi > dims[dim]["max"]:
+                raise ConfigError(f"compile.profiles[{i}].{dim} = {[lo, opt, hi]} is not inside model.methods.{method}."
+                                  f"dims.{dim} ({dims[dim]['min']}..{dims[dim]['max']}); a profile narrows a dim's range")
+    if symbols is None:
+        return spec
+    return spec.with_profiles([{symbols[d]: r for d, r in p.items()} for p in spec.profiles])
+
+
+def dim_symbols(spec: Mapping[str, Any], program: torch.export.ExportedProgram) -> dict[str, str]:
+    """Each dim name of a method -> the symbol its program sizes that dim with (a dim the export
+    kept static has none)."""
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    names = program.graph_signature.user_inputs
+    out = {}
+    for i, by_dim in (spec.get("dynamic") or {}).items():
+        shape = nodes[names[int(i)]].meta["val"].shape
+        for dim, name in by_dim.items():
+            size = shape[int(dim)]
+            if not isinstance(size, int):
+                out[name] = str(size.node.expr)
+    return out
 
 
 def engine_cache(cfg: Mapping[str, Any]) -> EngineCache | None:

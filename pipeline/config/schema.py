@@ -61,6 +61,9 @@ class CompileConfig:
     timing_cache_path: str | None = None
     target_compute_capabilities: list[str] = field(default_factory=list)
     dynamic_shapes: dict[str, dict[int, list[Any]]] = field(default_factory=dict)
+    # Further optimization profiles of every engine, each {dim name: [min, opt, max]} (e.g. a
+    # decoder's decode: [{tokens: [1, 1, 1]}]); one engine, tuned per profile.
+    profiles: list[dict[str, list[Any]]] = field(default_factory=list)
     max_aux_streams: int | None = None
     per_method: dict[str, dict[str, Any]] = field(default_factory=dict)
 

@@ -25,8 +25,9 @@ engine once however many delegates (of any method) call it. `engine_sha256` (hex
 engine) is required; an engine that does not match it is refused.
 
 Every binding carries its dtype (a name of `pipeline.dtypes`, e.g. "float32") and shape (dynamic dims
--1); an input with dynamic dims also carries `min` and `max`, its optimization-profile bounds, which
-the runtime checks. An output that the engine writes in place into an input's memory (a KV cache
+-1); an input with dynamic dims also carries `min` and `max`, the bounds of the engine's first
+optimization profile (the whole range; further profiles narrow it, and the engine states them
+itself), which the runtime checks. An output that the engine writes in place into an input's memory (a KV cache
 updated by TensorRT's KVCacheUpdate layer) names that input in `aliases`: the runtime binds both to
 one tensor. The engine op (`engine_op.py`) carries the same bindings in its metadata string
 (`encode_op_metadata`). Compile specs are one ExecuTorch `CompileSpec` per field, its value the

@@ -68,7 +68,7 @@ class BuiltEngine:
 
 def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkDefinition | None = None) -> Any:
     """A TensorRT builder configuration with every compile-spec field applied (and the optimization
-    profile of `definition`'s dynamic inputs; a network of static shapes needs none).
+    profiles of `definition`'s dynamic inputs; a network of static shapes needs none).
 
     Raises:
         CompileSpecError: a field this TensorRT flavour cannot honour (e.g. compute capabilities
@@ -89,20 +89,26 @@ def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkD
     if spec.timing_cache_path:
         data = Path(spec.timing_cache_path).read_bytes() if os.path.exists(spec.timing_cache_path) else b""
         config.set_timing_cache(config.create_timing_cache(data), ignore_mismatch=False)
-    profile = optimization_profile(builder, definition) if definition is not None else None
-    if profile is not None:
+    for profile in optimization_profiles(builder, definition) if definition is not None else []:
         config.add_optimization_profile(profile)
     return config
 
 
-def optimization_profile(builder: Any, definition: NetworkDefinition) -> Any:
-    """The optimization profile holding every dynamic input's [min, opt, max] shapes, or None."""
-    if not definition.profile:
-        return None
-    profile = builder.create_optimization_profile()
-    for name, (lo, opt, hi) in definition.profile.items():
-        profile.set_shape(name, lo, opt, hi)
-    return profile
+def optimization_profiles(builder: Any, definition: NetworkDefinition) -> list[Any]:
+    """The optimization profiles holding every dynamic input's [min, opt, max] shapes (none for a
+    network of static shapes), in `definition.profiles` order: the engine's profile indices."""
+    out = []
+    for ranges in definition.profiles:
+        profile = builder.create_optimization_profile()
+        for name, (lo, opt, hi) in ranges.items():
+            profile.set_shape(name, lo, opt, hi)
+        out.append(profile)
+    return out
+
+
+def profile_count(metadata: BlobMetadata, spec: TensorRTCompileSpec) -> int:
+    """How many optimization profiles an engine of `metadata` built under `spec` has (0: static shapes)."""
+    return 1 + len(spec.profiles) if any(b.min_shape for b in metadata.inputs) else 0
 
 
 def compute_capability_enum(cap: str) -> Any:

@@ -43,6 +43,13 @@ class TensorRTCompileSpec:
         method: the program method these options are for; None fits any method.
         symbol_ranges: symbolic dim name (e.g. "s0") -> [min, opt, max]; the partitioner fills it in
             from `dynamic_shapes` so each engine's inputs find their ranges.
+        profiles: further optimization profiles of every engine, each a map from a symbolic dim (or,
+            in a Hydra config, a dim name of the method, which the compile step resolves) to a
+            [min, opt, max] inside its range; dims a profile does not name keep their range. An
+            engine is built once and tuned for each profile (TensorRT-RTX may keep a second layout
+            of some weights for a profile's kernels); at run time
+            each call runs on the narrowest profile that takes its shapes (a decoder's one-token
+            decode on a `{tokens: [1, 1, 1]}` profile, its prompts on the first).
     """
 
     precision: str = "fp32"
@@ -57,12 +64,17 @@ class TensorRTCompileSpec:
     max_aux_streams: int | None = None
     method: str | None = None
     symbol_ranges: Mapping[str, DimRange] = field(default_factory=dict)
+    profiles: tuple[Mapping[str, DimRange], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_compute_capabilities", tuple(self.target_compute_capabilities))
         object.__setattr__(self, "torch_executed_ops", tuple(self.torch_executed_ops))
         object.__setattr__(self, "dynamic_shapes", _normalise_ranges(self.dynamic_shapes))
-        object.__setattr__(self, "symbol_ranges", _normalise_ranges({"": self.symbol_ranges}, keys=str)[""])
+        object.__setattr__(self, "symbol_ranges", _normalise_ranges({"symbol_ranges": self.symbol_ranges}, str, "")["symbol_ranges"])
+        if isinstance(self.profiles, (str, bytes)) or not isinstance(self.profiles, Sequence):
+            raise CompileSpecError(f"profiles={self.profiles!r} must be a list of {{dim: [min, opt, max]}} maps")
+        profiles = _normalise_ranges({f"profiles[{i}]": p for i, p in enumerate(self.profiles)}, str, "")
+        object.__setattr__(self, "profiles", tuple(profiles.values()))
         _validate(self)
 
     def to_compile_specs(self) -> list[CompileSpec]:
@@ -72,6 +84,7 @@ class TensorRTCompileSpec:
         data["target_compute_capabilities"] = list(self.target_compute_capabilities)
         data["torch_executed_ops"] = list(self.torch_executed_ops)
         data["symbol_ranges"] = {k: list(r) for k, r in self.symbol_ranges.items()}
+        data["profiles"] = [{k: list(r) for k, r in p.items()} for p in self.profiles]
         return blob.encode_compile_specs(data)
 
     @classmethod
@@ -97,6 +110,10 @@ class TensorRTCompileSpec:
         """The same options with resolved ranges of symbolic dims."""
         return _replace(self, symbol_ranges=dict(ranges))
 
+    def with_profiles(self, profiles: Sequence[Mapping[str, DimRange]]) -> TensorRTCompileSpec:
+        """The same options with these further optimization profiles (e.g. dim names resolved to symbols)."""
+        return _replace(self, profiles=tuple(profiles))
+
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> TensorRTCompileSpec:
         """Build from a plain mapping (a config section); unknown keys are an error."""
@@ -113,16 +130,21 @@ def _replace(spec: TensorRTCompileSpec, **changes: Any) -> TensorRTCompileSpec:
     return TensorRTCompileSpec(**values)
 
 
-def _normalise_ranges(ranges: Mapping[str, Mapping[Any, Any]], keys: Any = int) -> dict[str, dict[Any, DimRange]]:
+def _normalise_ranges(ranges: Mapping[str, Mapping[Any, Any]], keys: Any = int,
+                      group: str = "dynamic_shapes") -> dict[str, dict[Any, DimRange]]:
+    """Ranges as (min, opt, max) ints; `group` names the field in errors (`group[name][dim]`, or
+    `name[dim]` when `group` is empty)."""
     out: dict[str, dict[Any, DimRange]] = {}
     for name, dims in (ranges or {}).items():
         out[str(name)] = {}
+        if not isinstance(dims, Mapping):
+            raise CompileSpecError(f"{group or name}{f'[{name!r}]' if group else ''} = {dims!r}: expected a map of "
+                                   "dims to [min, opt, max]")
         for dim, rng in (dims or {}).items():
-            values = list(rng)
+            values = list(rng) if isinstance(rng, Sequence) and not isinstance(rng, str) else [rng]
             if len(values) != 3:
-                raise CompileSpecError(
-                    f"dynamic_shapes[{name!r}][{dim}] = {values}: expected [min, opt, max] (opt may be null)"
-                )
+                where = f"{group}[{name!r}][{dim}]" if group else f"{name}[{dim!r}]"
+                raise CompileSpecError(f"{where} = {values}: expected [min, opt, max] (opt may be null)")
             lo, opt, hi = values
             out[str(name)][keys(dim)] = (int(lo), None if opt is None else int(opt), int(hi))
     return out
@@ -153,10 +175,12 @@ def _validate_targets_and_ranges(spec: TensorRTCompileSpec) -> None:
         major, _, minor = str(cap).partition(".")
         if not (major.isdigit() and minor.isdigit()):
             raise CompileSpecError(f"target_compute_capabilities entry {cap!r} must look like '8.9' (major.minor)")
-    groups: list[tuple[str, Mapping[Any, DimRange]]] = [*spec.dynamic_shapes.items(), ("symbol_ranges", spec.symbol_ranges)]
-    for name, dims in groups:
+    groups: list[tuple[str, Mapping[Any, DimRange]]] = [
+        *((f"dynamic_shapes[{name!r}]", dims) for name, dims in spec.dynamic_shapes.items()),
+        ("symbol_ranges", spec.symbol_ranges), *((f"profiles[{i}]", p) for i, p in enumerate(spec.profiles))]
+    for group, dims in groups:
         for dim, (lo, opt, hi) in dims.items():
-            where = f"dynamic_shapes[{name!r}][{dim}]" if name != "symbol_ranges" else f"symbol_ranges[{dim!r}]"
+            where = f"{group}[{dim}]" if isinstance(dim, int) else f"{group}[{dim!r}]"
             if lo < 0 or (isinstance(dim, int) and dim < 0):
                 raise CompileSpecError(f"{where}: dims and sizes must be >= 0, got dim {dim} range {[lo, opt, hi]}")
             if lo > hi or (opt is not None and not lo <= opt <= hi):

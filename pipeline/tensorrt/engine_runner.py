@@ -68,12 +68,11 @@ class EngineRunner:
 
     def __init__(self, engine: bytes | memoryview | LoadedEngine, bindings: Sequence[IOBinding],
                  options: RuntimeOptions | None = None, stream: torch.cuda.Stream | None = None) -> None:
-        t = trt()
         self.options = options or RuntimeOptions()
         self.loaded = engine if isinstance(engine, LoadedEngine) else LoadedEngine(engine)
         self.engine = self.loaded.engine
         self._runtime_cache: Any = None
-        self.context = self._make_context(t)
+        self._context: Any = None
         self.inputs = [b for b in bindings if b.is_input]
         self.outputs = [b for b in bindings if not b.is_input]
         self.stream = stream or torch.cuda.current_stream()
@@ -85,6 +84,19 @@ class EngineRunner:
         self._held: set[str] = set()  # outputs that stay in the caller-given tensors (see __call__)
         self.aliases = _aliases(self.inputs, self.outputs)  # output position -> input it updates in place
         self._aliased = frozenset(self.aliases.values())
+        self._profiles = _profiles(self.engine, self.inputs)
+        self.profile = -1  # the context's optimization profile
+
+    @property
+    def context(self) -> Any:
+        """The execution context, made at the first call (its device memory too). A context holds
+        one optimization profile, which TensorRT may not let another context hold at the same time:
+        made when first used, a context leaves the profiles free until then (a new one takes
+        profile 0 if it is free)."""
+        if self._context is None:
+            self._context = self._make_context(trt())
+            self.profile = int(getattr(self._context, "active_optimization_profile", 0))
+        return self._context
 
     def _make_context(self, t: Any) -> Any:
         if not hasattr(self.engine, "create_runtime_config"):
@@ -157,7 +169,7 @@ class EngineRunner:
     def _bind_inputs(self, args: Sequence[torch.Tensor], donated: frozenset[int]) -> tuple[list[torch.Tensor], bool]:
         """Check and bind the inputs; returns the tensors bound (kept alive) and whether a shape changed."""
         keep = []
-        shapes_changed = False
+        changed = []
         copied = self._aliased - donated if self._aliased else self._aliased
         for k, (binding, dtype, tensor) in enumerate(zip(self.inputs, self._in_dtypes, args)):
             new_shape = self._shapes.get(binding.name) != tensor.shape
@@ -168,18 +180,64 @@ class EngineRunner:
                 x = x.clone()
             keep.append(x)
             if new_shape:
-                if not self.context.set_input_shape(binding.name, tuple(x.shape)):
-                    raise InputError(f"engine input {binding.name!r} has shape {list(x.shape)}, which the engine's "
-                                     "optimization profile does not take")
-                self._shapes[binding.name] = x.shape
-                shapes_changed = True
+                changed.append(k)
+        if changed and len(self._profiles) > 1 and self._select_profile([x.shape for x in keep]):
+            changed = list(range(len(keep)))  # a new profile forgets every shape and address
+            self._addresses.clear()
+        for k in changed:
+            name = self.inputs[k].name
+            if not self.context.set_input_shape(name, tuple(keep[k].shape)):
+                raise InputError(f"engine input {name!r} has shape {list(keep[k].shape)}, which the engine's "
+                                 "optimization profile does not take")
+            self._shapes[name] = keep[k].shape
+        for binding, x in zip(self.inputs, keep):
             self._bind(binding.name, x.data_ptr())
-        return keep, shapes_changed
+        return keep, bool(changed)
+
+    def _select_profile(self, shapes: Sequence[torch.Size]) -> bool:
+        """Switch the context to the narrowest optimization profile that takes `shapes` (a decoder's
+        one-token profile for decode, the whole range for a prompt); True when it switched.
+        A profile another context holds (TensorRT may let one context use a profile at a time) is
+        passed over for the next narrowest."""
+        fits = [p for p in self._profiles if all(
+            all(lo <= d <= hi for d, lo, hi in zip(shapes[k], low, high)) for k, (low, high) in p.bounds.items())]
+        context = self.context
+        for profile in sorted(fits, key=lambda p: p.width):
+            if profile.index == self.profile:
+                return False
+            if context.set_optimization_profile_async(profile.index, self.stream.cuda_stream):
+                self.profile = profile.index
+                return True
+        raise InputError(f"no optimization profile of this engine that takes input shapes {[list(s) for s in shapes]} "
+                         f"is free: another execution context holds each of profiles {[p.index for p in fits]} (one "
+                         "method per profile; give the engine a profile for each method that calls it)")
 
     def _bind(self, name: str, address: int) -> None:
         if self._addresses.get(name) != address:
             self.context.set_tensor_address(name, address)
             self._addresses[name] = address
+
+
+@dataclass(frozen=True)
+class _Profile:
+    """One optimization profile of an engine: each dynamic input's [min, max] shape."""
+
+    index: int
+    bounds: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]  # input position -> (min shape, max shape)
+
+    @property
+    def width(self) -> int:
+        return sum(h - lo for low, high in self.bounds.values() for lo, h in zip(low, high))
+
+
+def _profiles(engine: Any, inputs: Sequence[IOBinding]) -> list[_Profile]:
+    """The engine's optimization profiles, as it states them."""
+    dynamic = [k for k, b in enumerate(inputs) if b.min_shape]
+    out = []
+    for index in range(engine.num_optimization_profiles if dynamic else 0):
+        shapes = {k: engine.get_tensor_profile_shape(inputs[k].name, index) for k in dynamic}
+        out.append(_Profile(index, {k: (tuple(s[0]), tuple(s[2])) for k, s in shapes.items()}))
+    return out
 
 
 def _aliases(inputs: Sequence[IOBinding], outputs: Sequence[IOBinding]) -> dict[int, int]:

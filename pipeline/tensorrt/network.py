@@ -1,6 +1,6 @@
 """Turn an ATen/Edge `ExportedProgram` into a TensorRT network through the converter registry
 (never through ONNX): inputs, constants, one converter call per node, outputs, and the
-optimization-profile ranges of every dynamic input."""
+optimization-profile ranges of every dynamic input (one profile, or one per `spec.profiles` more)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class NetworkDefinition:
     network: Any
     ctx: ConversionContext
     bindings: tuple[IOBinding, ...]
-    profile: dict[str, ShapeRange]
+    profiles: list[dict[str, ShapeRange]]  # dynamic input -> its range, per optimization profile (the first: the whole range)
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,17 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
     network = builder.create_network(1 << int(t.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     ctx = ConversionContext(network, spec)
     bindings: list[IOBinding] = []
-    profile: dict[str, ShapeRange] = {}
+    profiles: list[dict[str, ShapeRange]] = [{} for _ in range(1 + len(spec.profiles))]
     sources = source.constants
     ctx.range_constraints = source.range_constraints
     for node in source.graph.nodes:
         if node.op == "placeholder":
-            ctx.values[node] = _placeholder(ctx, node, sources, bindings, profile)
+            ctx.values[node] = _placeholder(ctx, node, sources, bindings, profiles)
         elif node.op == "call_function":
             ctx.values[node] = _convert(ctx, node)
         elif node.op == "output":
             _mark_outputs(ctx, node, bindings)
-    return NetworkDefinition(network, ctx, tuple(bindings), profile)
+    return NetworkDefinition(network, ctx, tuple(bindings), profiles if profiles[0] else [])
 
 
 def _input_sources(program: ExportedProgram) -> dict[str, torch.Tensor | None]:
@@ -91,7 +91,7 @@ def _input_sources(program: ExportedProgram) -> dict[str, torch.Tensor | None]:
 
 
 def _placeholder(ctx: ConversionContext, node: torch.fx.Node, sources: dict[str, Any], bindings: list[IOBinding],
-                 profile: dict[str, ShapeRange]) -> Any:
+                 profiles: list[dict[str, ShapeRange]]) -> Any:
     value = sources.get(node.name)
     if value is not None:
         ctx.constants[node] = value
@@ -99,18 +99,33 @@ def _placeholder(ctx: ConversionContext, node: torch.fx.Node, sources: dict[str,
     val = node.meta["val"]
     if not isinstance(val, torch.Tensor):
         raise UnsupportedOperatorError(f"input {node.name!r} is a {type(val).__name__}; engines take tensors only")
-    ranges = [_dim_range(d, ctx, node.name, i) for i, d in enumerate(val.shape)]
+    ranges = [_dim_range(d, ctx, ctx.spec.symbol_ranges, node.name, i) for i, d in enumerate(val.shape)]
     shape = tuple(-1 if lo != hi else lo for lo, _, hi in ranges)
-    opts = tuple(lo if opt is None else opt for lo, opt, _ in ranges)
     tensor = ctx.network.add_input(node.name, torch_to_trt(val.dtype), shape)
     bounds = (tuple(r[0] for r in ranges), tuple(r[2] for r in ranges)) if -1 in shape else ((), ())
     bindings.append(IOBinding.of(node.name, val.dtype, shape, True, *bounds))
     if -1 in shape:
-        profile[node.name] = (tuple(r[0] for r in ranges), opts, tuple(r[2] for r in ranges))
+        profiles[0][node.name] = _shape_range(ranges)
+        for k, extra in enumerate(ctx.spec.profiles, start=1):
+            narrowed = [_dim_range(d, ctx, {**ctx.spec.symbol_ranges, **extra}, node.name, i) for i, d in enumerate(val.shape)]
+            if any(lo < r[0] or hi > r[2] for (lo, _, hi), r in zip(narrowed, ranges)):
+                raise CompileSpecError(f"profiles[{k - 1}] gives input {node.name!r} the range {_bounds(narrowed)}, which is "
+                                       f"not inside its range {_bounds(ranges)}; a profile narrows the dims it names")
+            profiles[k][node.name] = _shape_range(narrowed)
     return ctx.cast(tensor, ctx.compute(val.dtype))
 
 
-def _dim_range(dim: Any, ctx: ConversionContext, name: str, index: int) -> DimRange:
+def _shape_range(ranges: list[DimRange]) -> ShapeRange:
+    return (tuple(r[0] for r in ranges), tuple(r[0] if r[1] is None else r[1] for r in ranges), tuple(r[2] for r in ranges))
+
+
+def _bounds(ranges: list[DimRange]) -> str:
+    return "[" + ", ".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, _, hi in ranges) + "]"
+
+
+def _dim_range(dim: Any, ctx: ConversionContext, given: Any, name: str, index: int) -> DimRange:
+    """A dim's [min, opt, max]: from `given` (symbol name -> range) where it names the dim's
+    symbols, else from the program's range constraints."""
     if isinstance(dim, int):
         return (dim, dim, dim)
     expr = dim.node.expr
@@ -119,14 +134,13 @@ def _dim_range(dim: Any, ctx: ConversionContext, name: str, index: int) -> DimRa
     for sym in expr.free_symbols:
         # The program's range constraints hold the user's Dim bounds (the shape env assumes >= 2).
         vr = ctx.range_constraints.get(sym) or env.var_to_range.get(sym)
-        bounds[sym] = _symbol_range(sym, vr, env, ctx.spec, name, index)
+        bounds[sym] = _symbol_range(sym, vr, env, given.get(str(sym)), name, index)
     lo, opt, hi = (int(expr.subs({s: b[k] for s, b in bounds.items()})) for k in range(3))
     return (lo, opt, hi)
 
 
-def _symbol_range(sym: sympy.Symbol, vr: Any, env: Any, spec: TensorRTCompileSpec, name: str,
+def _symbol_range(sym: sympy.Symbol, vr: Any, env: Any, given: DimRange | None, name: str,
                   index: int) -> tuple[int, int, int]:
-    given = spec.symbol_ranges.get(str(sym))
     if given:
         lo, hi = given[0], given[2]
     else:

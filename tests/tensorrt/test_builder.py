@@ -8,11 +8,12 @@ import torch
 from torch.export import Dim
 
 from pipeline.errors import CompileSpecError, UnsupportedOperatorError
-from pipeline.tensorrt.builder import build_engine, builder_config, compute_capability_enum, optimization_profile
+from pipeline.tensorrt.builder import build_engine, builder_config, compute_capability_enum, optimization_profiles
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.tensorrt.engine_runner import EngineRunner, LoadedEngine
 from pipeline.tensorrt.network import define_network
 from pipeline.tensorrt.trt_api import flavour, trt
-from tests.helpers import Fn, lower, tensorrt_blobs
+from tests.helpers import GPU, Fn, lower, tensorrt_blobs
 
 
 def _program(dynamic: bool = False) -> torch.export.ExportedProgram:
@@ -56,7 +57,7 @@ def test_precision_reaches_network(precision: str, trt_type: str) -> None:
 def test_dynamic_ranges_reach_profile() -> None:
     spec = TensorRTCompileSpec(symbol_ranges={})
     builder, definition, _ = _config(spec, dynamic=True)
-    profile = optimization_profile(builder, definition)
+    [profile] = optimization_profiles(builder, definition)
     lo, opt, hi = profile.get_shape(definition.bindings[0].name)
     assert (lo[0], opt[0], hi[0]) == (1, 2, 32) and tuple(lo[1:]) == (3, 8, 8)
 
@@ -68,8 +69,54 @@ def test_compile_spec_ranges_override_export_ranges() -> None:
     spec = TensorRTCompileSpec(symbol_ranges={sym: (4, 8, 16)})
     builder = trt().Builder(trt().Logger(trt().Logger.ERROR))
     definition = define_network(builder, program, spec)
-    lo, opt, hi = optimization_profile(builder, definition).get_shape(user_input)
+    lo, opt, hi = optimization_profiles(builder, definition)[0].get_shape(user_input)
     assert (lo[0], opt[0], hi[0]) == (4, 8, 16)
+
+
+def test_profiles_narrow_the_dims_they_name() -> None:
+    """One engine, one profile per regime: the first holds the whole range, each further profile
+    narrows the dims it names (a decoder's one-token decode)."""
+    program = _program(dynamic=True)
+    user_input = program.graph_signature.user_inputs[0]
+    sym = str(next(n for n in program.graph.nodes if n.name == user_input).meta["val"].shape[0])
+    spec = TensorRTCompileSpec(profiles=({sym: (1, 1, 1)}, {sym: (16, None, 32)}))
+    builder = trt().Builder(trt().Logger(trt().Logger.ERROR))
+    definition = define_network(builder, program, spec)
+    shapes = [[tuple(s)[0] for s in p.get_shape(user_input)] for p in optimization_profiles(builder, definition)]
+    assert shapes == [[1, 2, 32], [1, 1, 1], [16, 16, 32]]
+    built = build_engine(program, spec)
+    assert built.engine and built.metadata.inputs[0].min_shape[0] == 1 and built.metadata.inputs[0].max_shape[0] == 32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_each_call_runs_on_the_narrowest_profile_that_takes_it() -> None:
+    """Two runners of one engine (a prefill and a decode context): each switches to the narrowest
+    profile that takes its call's shapes, or the next one where TensorRT does not let two contexts
+    hold one profile; results stay right."""
+    program = _program(dynamic=True)
+    user_input = program.graph_signature.user_inputs[0]
+    sym = str(next(n for n in program.graph.nodes if n.name == user_input).meta["val"].shape[0])
+    built = build_engine(program, TensorRTCompileSpec(profiles=({sym: (1, 1, 1)},)))
+    engine = LoadedEngine(built.engine)
+    model = program.module().cuda()
+    first, second = (EngineRunner(engine, built.metadata.io_bindings) for _ in range(2))
+    for runner, batch, profiles in ((first, 1, {1}), (first, 8, {0}), (first, 1, {1}), (second, 8, {0}),
+                                    (second, 1, {0, 1}), (second, 3, {0})):
+        x = torch.randn(batch, 3, 8, 8, device="cuda")
+        (out,) = runner(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-3, atol=1e-3)
+        assert runner.profile in profiles, (batch, runner.profile)
+
+
+def test_a_profile_outside_the_range_is_one_line() -> None:
+    program = _program(dynamic=True)
+    user_input = program.graph_signature.user_inputs[0]
+    sym = str(next(n for n in program.graph.nodes if n.name == user_input).meta["val"].shape[0])
+    builder = trt().Builder(trt().Logger(trt().Logger.ERROR))
+    with pytest.raises(CompileSpecError, match=r"profiles\[0\] gives input .* the range \[1..64, 3, 8, 8\], which is not "
+                                               r"inside its range \[1..32, 3, 8, 8\]"):
+        define_network(builder, program, TensorRTCompileSpec(profiles=({sym: (1, None, 64)},)))
 
 
 def test_partitioner_maps_input_ranges_to_engine_profile() -> None:
