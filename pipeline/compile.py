@@ -14,7 +14,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from pipeline.errors import CompileSpecError, UnsupportedOperatorError
+from pipeline.errors import UnsupportedOperatorError
 from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
 from pipeline.tensorrt.builder import build_engine, profile_count
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
@@ -67,7 +67,6 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
     """`compile_method` from an `export_method` program."""
     spec = (spec or TensorRTCompileSpec()).for_method(method)
     spec = spec.with_symbol_ranges(symbol_ranges(program, spec))
-    _check_profiles(program, spec, method)
     gm = program.module()
     _drop_metadata_asserts(gm)
     state = written_buffers(gm) | frozenset(state)  # never constants: what a method reads, another may have written
@@ -87,20 +86,6 @@ def _drop_unread(gm: torch.fx.GraphModule, given: set[str]) -> None:
     for name in [n for n, _ in gm.named_buffers()]:
         if name not in given and name not in read and "." not in name:
             delattr(gm, name)
-
-
-def _check_profiles(program: ExportedProgram, spec: TensorRTCompileSpec, method: str) -> None:
-    """Every dim a further optimization profile names is a symbolic dim of the program.
-
-    Raises:
-        CompileSpecError: one that is not (a static dim, or a name from elsewhere).
-    """
-    symbols = sorted(str(s) for s in program.range_constraints)
-    for i, profile in enumerate(spec.profiles):
-        for name in profile:
-            if name not in symbols:
-                raise CompileSpecError(f"compile profiles[{i}] names {name!r}, which is not a dynamic dim of method "
-                                       f"{method!r} (its symbolic dims: {symbols})")
 
 
 def _drop_metadata_asserts(gm: torch.fx.GraphModule) -> None:

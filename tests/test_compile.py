@@ -56,8 +56,8 @@ def test_dynamic_dims_stay_shared_and_output_shapes_follow_inputs() -> None:
 def test_a_profile_naming_no_dynamic_dim_is_one_line() -> None:
     batch = Dim("batch", min=1, max=8)
     spec = TensorRTCompileSpec(profiles=({"s999": (1, 1, 1)},))
-    with pytest.raises(CompileSpecError, match=r"^compile profiles\[0\] names 's999', which is not a dynamic dim of method "
-                                               r"'forward' \(its symbolic dims: \['s\d+'\]\)$"):
+    with pytest.raises(CompileSpecError, match=r"^compile profiles\[0\] names 's999', which is not a dynamic dim of the "
+                                               r"program \(its symbolic dims: \['s\d+'\]\)$"):
         compile_method(torch.nn.Linear(4, 4), (torch.randn(2, 4),), spec, dynamic_shapes=({0: batch},))
 
 

@@ -53,7 +53,7 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
 
     Raises:
         UnsupportedOperatorError: a node has no converter or its capability check refuses it.
-        CompileSpecError: a dynamic dim has no finite range.
+        CompileSpecError: a dynamic dim has no finite range, or a profile names a dim that is not dynamic.
     """
     if isinstance(source, ExportedProgram):
         source = graph_source(source)
@@ -61,6 +61,7 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
     network = builder.create_network(1 << int(t.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     ctx = ConversionContext(network, spec)
     bindings: list[IOBinding] = []
+    _check_profiles(spec, source.range_constraints)
     profiles: list[dict[str, ShapeRange]] = [{} for _ in range(1 + len(spec.profiles))]
     sources = source.constants
     ctx.range_constraints = source.range_constraints
@@ -72,6 +73,20 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
         elif node.op == "output":
             _mark_outputs(ctx, node, bindings)
     return NetworkDefinition(network, ctx, tuple(bindings), profiles if profiles[0] else [])
+
+
+def _check_profiles(spec: TensorRTCompileSpec, ranges: dict[Any, Any]) -> None:
+    """Every dim a further optimization profile names is a symbolic dim of the program.
+
+    Raises:
+        CompileSpecError: one that is not (a static dim, or a name from elsewhere).
+    """
+    symbols = sorted(str(s) for s in ranges)
+    for i, profile in enumerate(spec.profiles):
+        for name in profile:
+            if name not in symbols:
+                raise CompileSpecError(f"compile profiles[{i}] names {name!r}, which is not a dynamic dim of the program "
+                                       f"(its symbolic dims: {symbols})")
 
 
 def _input_sources(program: ExportedProgram) -> dict[str, torch.Tensor | None]:
