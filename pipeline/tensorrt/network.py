@@ -4,6 +4,7 @@ optimization-profile ranges of every dynamic input (one profile, or one per `spe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,7 +139,7 @@ def _bounds(ranges: list[DimRange]) -> str:
     return "[" + ", ".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, _, hi in ranges) + "]"
 
 
-def _dim_range(dim: Any, ctx: ConversionContext, given: Any, name: str, index: int) -> DimRange:
+def _dim_range(dim: Any, ctx: ConversionContext, given: Mapping[str, DimRange], name: str, index: int) -> DimRange:
     """A dim's [min, opt, max]: from `given` (symbol name -> range) where it names the dim's
     symbols, else from the program's range constraints."""
     if isinstance(dim, int):
