@@ -20,6 +20,7 @@ from pipeline.tensorrt.builder import build_engine, profile_count
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.constant_fold import attr, content_digest, fold_constants, written_buffers
 from pipeline.tensorrt.engine_cache import EngineCache
+from pipeline.tensorrt.grouped_query import share_kv_heads
 from pipeline.tensorrt.network import GraphSource
 from pipeline.tensorrt.partitioner import RECORD_KEY, is_operator, mark_refused, preserved_ops, propose, symbol_ranges
 
@@ -72,6 +73,8 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
     state = written_buffers(gm) | frozenset(state)  # never constants: what a method reads, another may have written
     given = {name for name, _ in gm.named_buffers()}
     fold_constants(gm, state)
+    if spec.share_kv_heads:
+        share_kv_heads(gm)
     engines = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
     _drop_unread(gm, given)
     log.info("method %r: %d TensorRT engine(s)", method, engines)

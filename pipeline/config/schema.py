@@ -65,6 +65,7 @@ class CompileConfig:
     # decoder's decode: [{tokens: [1, 1, 1]}]); one engine, tuned per profile.
     profiles: list[dict[str, list[Any]]] = field(default_factory=list)
     max_aux_streams: int | None = None
+    share_kv_heads: bool = True  # grouped-query attention reads each K/V head once (faster decode, slower long prompts)
     per_method: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
