@@ -1,5 +1,5 @@
-"""Converter for `aten.convolution` (1-D as 2-D with a unit height, 2-D and 3-D; groups, depthwise, stride, padding, dilation,
-bias, and transposed convolution)."""
+"""Converters for `aten.convolution` (1-D as 2-D with a unit height, 2-D and 3-D; groups, depthwise, stride, padding, dilation,
+bias, and transposed convolution) and `aten.col2im` (`F.fold`, as a transposed convolution)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,47 @@ def _convolve(ctx: ConversionContext, x: Any, weight: Any, bias: Any, wshape: tu
     layer.dilation_nd = _expand(dilation, spatial)
     layer.num_groups = int(groups)
     return layer.get_output(0)
+
+
+def _col2im_ok(node: Node, spec: Any) -> str | None:
+    reason = v.FLOAT_ONLY(node, spec)
+    if reason:
+        return reason
+    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
+    if not all(isinstance(d, int) for d in (*shape[-2:], *node.args[1])):  # type: ignore[misc]
+        return "col2im (F.fold) needs static channels, block count and output size"
+    return None
+
+
+@converter(aten.col2im.default, validator=_col2im_ok)
+def col2im(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`F.fold`, the sum of overlapping blocks: a transposed convolution, one group per channel, whose
+    kernel puts each of the channel's kh x kw block entries at its (dilated) offset; then the padding
+    cropped, and rows or columns no block reaches filled with zeros. The dilation is in the kernel:
+    TensorRT-RTX builds no transposed convolution that is strided and dilated."""
+    x, (out_h, out_w) = args[0], args[1]
+    (kh, kw), (dh, dw), padding, stride = (_expand(a, 2) for a in args[2:6])
+    blocks = [(size + 2 * p - d * (k - 1) - 1) // st + 1
+              for size, k, d, p, st in zip((out_h, out_w), (kh, kw), (dh, dw), padding, stride)]
+    columns = int(node.args[0].meta["val"].shape[-2])  # type: ignore[union-attr]
+    dtype = ctx.node_dtype(node)
+    kernel = torch.zeros(columns, 1, dh * (kh - 1) + 1, dw * (kw - 1) + 1)
+    for i in range(kh):
+        for j in range(kw):
+            kernel[i * kw + j::kh * kw, 0, i * dh, j * dw] = 1.0
+    dims = ctx.dims(x) if len(x.shape) == 3 else [1]  # unbatched: one batch, dropped again below
+    grid = ctx.reshape(ctx.cast(x, dtype), [dims[0], columns, *blocks])
+    summed = _convolve(ctx, grid, ctx.constant(kernel, dtype), None, tuple(kernel.shape),
+                       (stride, (0, 0), (1, 1)), True, columns // (kh * kw), dtype)
+    extents = [dims[0], columns // (kh * kw), out_h, out_w]
+    static = all(isinstance(e, int) for e in extents)
+    layer = ctx.network.add_slice(summed, (0, 0, *padding), tuple(extents) if static else (1,) * 4, (1,) * 4)
+    if not static:
+        layer.set_input(2, ctx.shape_tensor(extents))
+    layer.mode = trt().SampleMode.FILL
+    layer.set_input(4, ctx.constant(torch.tensor(0.0), dtype))
+    out = layer.get_output(0)
+    return out if len(x.shape) == 3 else ctx.reshape(out, extents[1:])
 
 
 def _expand(values: Any, n: int) -> tuple[int, ...]:

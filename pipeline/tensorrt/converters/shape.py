@@ -263,3 +263,31 @@ def flip(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict
     starts = [_int_expr(ctx, sizes[i], 1, "SUB") if i in axes else 0 for i in range(rank)]
     strides = [-1 if i in axes else 1 for i in range(rank)]
     return _slice_layer(ctx, x, starts, sizes, strides)
+
+
+def _unfold_ok(node: Node, spec: Any) -> str | None:
+    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
+    if not shape:
+        return "unfold of a 0-d tensor is not supported"
+    dim, size, step = norm_dim(int(node.args[1]), len(shape)), node.args[2], node.args[3]  # type: ignore[arg-type]
+    if not isinstance(shape[dim], int):
+        return f"unfold along dim {dim} needs a static size there (its windows are a constant index)"
+    if not isinstance(size, int) or not isinstance(step, int):
+        return "unfold needs a static window size and step"
+    return None
+
+
+@converter(aten.unfold.default, aten.unfold_copy.default, validator=_unfold_ok)
+def unfold(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Sliding windows along a dim (`Tensor.unfold`): one gather of a constant [windows, size] index,
+    then the window's axis moved last."""
+    x = args[0]
+    rank = len(x.shape)
+    dim, size, step = norm_dim(int(args[1]), rank), int(args[2]), int(args[3])
+    windows = (int(node.args[0].meta["val"].shape[dim]) - size) // step + 1  # type: ignore[union-attr]
+    index = torch.arange(windows)[:, None] * step + torch.arange(size)
+    gathered = ctx.network.add_gather(x, ctx.constant(index, torch.int32), dim).get_output(0)
+    order = [d for d in range(rank + 1) if d != dim + 1] + [dim + 1]
+    layer = ctx.network.add_shuffle(gathered)
+    layer.first_transpose = tuple(order)
+    return layer.get_output(0)

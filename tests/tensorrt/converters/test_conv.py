@@ -1,4 +1,4 @@
-"""Convolution converter: groups/depthwise, stride, padding, dilation, bias, transposed, 3-D."""
+"""Convolution converter: groups/depthwise, stride, padding, dilation, bias, transposed, 3-D; F.fold (col2im)."""
 
 import pytest
 import torch
@@ -49,3 +49,37 @@ def test_1d_convolution_fp16_dynamic_length() -> None:
 def test_refuses_transposed_output_padding() -> None:
     reasons = refusal(torch.nn.ConvTranspose2d(8, 4, 3, stride=2, output_padding=1), (X,))
     assert "output_padding" in reasons["aten.convolution.default"]
+
+
+# F.fold (col2im): (output size, kernel, dilation, padding, stride); overlapping blocks sum, and the
+# second and last leave rows or columns no block reaches (zeros).
+FOLDS = [((14, 14), (3, 3), 1, 1, 1), ((15, 13), (3, 2), (1, 2), (1, 0), (2, 3)), ((8, 8), 2, 1, 0, 2),
+         ((9, 9), 3, (2, 1), (2, 1), 2)]
+
+
+class Fold(torch.nn.Module):
+    def __init__(self, size: tuple[int, int], kernel: object, dilation: object, padding: object, stride: object) -> None:
+        super().__init__()
+        self.args = (size, kernel, dilation, padding, stride)
+
+    def forward(self, cols: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.fold(cols, *self.args) * 2  # type: ignore[arg-type]
+
+
+def _columns(size: tuple[int, int], kernel: object, dilation: object, padding: object, stride: object,
+             batch: int = 2) -> torch.Tensor:
+    return torch.nn.functional.unfold(torch.randn(batch, 3, *size), kernel, dilation, padding, stride)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fold", FOLDS, ids=str)
+def test_fold(fold: tuple) -> None:
+    check_converter(Fold(*fold), (_columns(*fold),))
+
+
+def test_fold_fp16_dynamic_batch() -> None:
+    batch = torch.export.Dim("batch", min=1, max=8)
+    check_converter(Fold(*FOLDS[1]), (_columns(*FOLDS[1], batch=3),), precision="fp16", dynamic_shapes=({0: batch},))
+
+
+def test_unbatched_fold() -> None:
+    check_converter(Fold(*FOLDS[0]), (_columns(*FOLDS[0])[0],))

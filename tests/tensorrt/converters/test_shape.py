@@ -1,5 +1,5 @@
 """Shape converters: view/reshape, permute, transpose, expand, squeeze/unsqueeze, flatten, cat,
-slice, select, pixel_shuffle; and the same with a dynamic batch dim."""
+slice, select, pixel_shuffle, unfold; and the same with a dynamic batch dim."""
 
 import pytest
 import torch
@@ -29,6 +29,9 @@ CASES = {
     "t": lambda m, x: x[0, 0].t() * 2,
     "split": lambda m, x: torch.split(x, [1, 2], dim=1)[1] * 2,
     "chunk": lambda m, x: sum(torch.chunk(x, 3, dim=3)),
+    "unfold": lambda m, x: x.unfold(3, 3, 2) * 2,  # windows overlap; the last element is left out
+    "unfold_middle_dim": lambda m, x: x.unfold(1, 2, 1).sum(-1),
+    "unfold_negative_dim": lambda m, x: x.unfold(-2, 2, 2) * 2,
 }
 
 
@@ -45,6 +48,7 @@ DYNAMIC = {
     "slice": lambda m, x: x[:, 1:, ::2] * 2,
     "select": lambda m, x: x[:, 0] * 2,
     "cat": lambda m, x: torch.cat([x, x], dim=0) * 2,
+    "unfold": lambda m, x: x.unfold(3, 2, 2) * 2,
 }
 
 
@@ -63,6 +67,13 @@ def test_dynamic_batch(name: str) -> None:
 def test_honours_precision(precision: str) -> None:
     check_converter(Fn(lambda m, x: torch.cat([x.permute(0, 1, 3, 2).reshape(2, 3, 4, 6), x], 1)[:, 1:]), (X,),
                     precision=precision)
+
+
+def test_refuses_unfold_along_a_dynamic_dim() -> None:
+    batch = Dim("batch", min=2, max=16)
+    ep = torch.export.export(Fn(lambda m, x: x.unfold(0, 2, 1)), (torch.randn(4, 3),), dynamic_shapes=(({0: batch},),))
+    (node,) = [n for n in ep.graph.nodes if n.target is torch.ops.aten.unfold.default]
+    assert "unfold along dim 0 needs a static size" in refusal_reason(node, TensorRTCompileSpec())
 
 
 def test_refuses_pixel_shuffle_with_batch_dims() -> None:
