@@ -11,7 +11,7 @@ import torch
 
 from pipeline.compile import compile_method
 from pipeline.coverage.run import row_key, run_suite, suite_config
-from pipeline.coverage.suite import FAST, Entry, entries, select
+from pipeline.coverage.suite import FAST, TIMM, Entry, entries, select
 from pipeline.export import export, save
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 
@@ -24,6 +24,17 @@ def test_suite_has_every_family() -> None:
     assert {e.name for e in select(slice_="fast")} == set(FAST)
     with pytest.raises(ValueError, match="not in the suite"):
         select(["timm/no_such_net"])
+
+
+def test_a_timm_architecture_outside_the_suite_lowers_whole_through_the_command(tmp_path: Path) -> None:
+    """Held-out models run through the same command as the suite's; mobilenetv1_100 is in no list here."""
+    assert "mobilenetv1_100" not in TIMM
+    (held,) = select(["timm/mobilenetv1_100"])
+    assert held.model["kwargs"] == {"model_name": "mobilenetv1_100"} and held.inputs[0]["shape"] == [1, 3, 224, 224]
+    subprocess.run([sys.executable, "-m", "pipeline.coverage", "timm/mobilenetv1_100", "--out", str(tmp_path)],
+                   capture_output=True, text=True, check=True)
+    (row,) = json.loads((tmp_path / "coverage-fp32.json").read_text())["rows"]
+    assert row["lowered_whole"] and row["engines"] == 1, row
 
 
 def test_fast_slice_lowers_whole_and_a_second_run_builds_nothing(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ from pipeline.coverage.suite import select
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.coverage", description=__doc__)
-    parser.add_argument("models", nargs="*", help="suite names (timm/resnet50) or prefixes (hf/); default: the slice")
+    parser.add_argument("models", nargs="*", help="suite names (timm/resnet50) or prefixes (hf/), or any timm architecture "
+                        "(held-out models); default: the slice")
     parser.add_argument("--slice", default="all", help="all, fast (the CI slice), or one source: torchvision, "
                         "torchvision-segmentation, timm, hf")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)

@@ -92,9 +92,7 @@ def entries() -> list[Entry]:
     for name in torchvision.models.list_models(module=torchvision.models.segmentation):
         out.append(_entry(f"torchvision/{name}", "torchvision-segmentation", f"torchvision.models.segmentation.{name}",
                           {"weights_backbone": None}, _IMAGE))
-    for name in TIMM:
-        out.append(_entry(f"timm/{name}", "timm", "timm.create_model", {"model_name": name},
-                          {"shape": [1, *_timm_input(name)]}))
+    out.extend(_timm(name) for name in TIMM)
     for name, (arch, config, item) in HF.items():
         out.append(_entry(f"hf/{name}", "hf", "pipeline.models.hf.encoder", {"architecture": arch, **config}, item))
     return out
@@ -102,7 +100,9 @@ def entries() -> list[Entry]:
 
 def select(names: list[str] | None = None, slice_: str = "all") -> list[Entry]:
     """Suite entries by slice ("all", "fast", or a source) and then by name (exact, or a prefix such as
-    "timm/"); an unknown name is an error naming the suite's sources."""
+    "timm/"); a timm architecture outside the suite (`timm/<name>`, any that `timm.list_models()`
+    knows) is built like the suite's timm models, so held-out models run through the same command.
+    An unknown name is an error naming the suite's sources."""
     chosen = entries()
     if slice_ == "fast":
         chosen = [e for e in chosen if e.name in FAST]
@@ -111,10 +111,23 @@ def select(names: list[str] | None = None, slice_: str = "all") -> list[Entry]:
     if names:
         picked = [e for e in chosen if any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for n in names)]
         unknown = [n for n in names if not any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for e in chosen)]
+        held_out = [_timm(n.removeprefix("timm/")) for n in unknown if n.startswith("timm/") and _timm_knows(n[5:])]
+        unknown = [n for n in unknown if n not in {e.name for e in held_out}]
         if unknown:
-            raise ConfigError(f"not in the suite: {unknown}; names look like 'timm/resnet50' or a prefix like 'hf/'")
-        chosen = picked
+            raise ConfigError(f"not in the suite: {unknown}; names look like 'timm/resnet50' or a prefix like 'hf/' "
+                              "(any timm architecture may be named)")
+        chosen = picked + held_out
     return chosen
+
+
+def _timm(name: str) -> Entry:
+    return _entry(f"timm/{name}", "timm", "timm.create_model", {"model_name": name}, {"shape": [1, *_timm_input(name)]})
+
+
+def _timm_knows(name: str) -> bool:
+    import timm
+
+    return name in timm.list_models()
 
 
 def _timm_input(name: str) -> list[int]:
