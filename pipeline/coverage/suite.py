@@ -111,7 +111,7 @@ def select(names: list[str] | None = None, slice_: str = "all") -> list[Entry]:
     if names:
         picked = [e for e in chosen if any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for n in names)]
         unknown = [n for n in names if not any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for e in chosen)]
-        held_out = [_timm(n.removeprefix("timm/")) for n in unknown if n.startswith("timm/") and _timm_knows(n[5:])]
+        held_out = [_timm(n[5:]) for n in unknown if n.startswith("timm/") and _timm_knows(n[5:])]
         unknown = [n for n in unknown if n not in {e.name for e in held_out}]
         if unknown:
             raise ConfigError(f"not in the suite: {unknown}; names look like 'timm/resnet50' or a prefix like 'hf/' "
