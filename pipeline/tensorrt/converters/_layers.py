@@ -43,12 +43,25 @@ def broadcast(ctx: ConversionContext, x: Any, target: Sequence[Any]) -> Any:
     """`x` (already of the target's rank) repeated along its unit dims to `target` (ints and
     ITensors): a slice with stride 0 there. A dynamic dim of `x` is never broadcast (torch requires
     it to equal the target's or be 1)."""
-    strides = tuple(0 if d == 1 else 1 for d in x.shape)
-    static = all(isinstance(d, int) for d in target)
-    layer = ctx.network.add_slice(x, (0,) * len(target), tuple(int(d) for d in target) if static else (1,) * len(target),
-                                  strides)
+    strides = [0 if d == 1 else 1 for d in x.shape]
+    return slice_layer(ctx, x, [0] * len(target), list(target), strides)
+
+
+def slice_layer(ctx: ConversionContext, x: Any, starts: Sequence[Any], sizes: Sequence[Any], strides: Sequence[int],
+                mode: Any = None, fill: Any = None) -> Any:
+    """A slice of `x` (starts and sizes ints or ITensors); `mode` samples outside the input
+    (`SampleMode.FILL` with the `fill` tensor, `WRAP` to tile)."""
+    static = all(isinstance(s, int) for s in [*starts, *sizes])
+    rank = len(starts)
+    layer = ctx.network.add_slice(x, tuple(starts) if static else (0,) * rank, tuple(sizes) if static else (1,) * rank,
+                                  tuple(strides))
     if not static:
-        layer.set_input(2, ctx.shape_tensor(list(target)))
+        layer.set_input(1, ctx.shape_tensor(list(starts)))
+        layer.set_input(2, ctx.shape_tensor(list(sizes)))
+    if mode is not None:
+        layer.mode = mode
+    if fill is not None:
+        layer.set_input(4, fill)
     return layer.get_output(0)
 
 

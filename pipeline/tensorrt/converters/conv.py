@@ -9,6 +9,7 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
+from pipeline.tensorrt.converters._layers import slice_layer
 from pipeline.tensorrt.converters.normalization import batch_norm_folded_into
 from pipeline.tensorrt.converters.registry import converter
 from pipeline.tensorrt.trt_api import trt
@@ -107,13 +108,8 @@ def col2im(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: di
     summed = _convolve(ctx, grid, ctx.constant(kernel, dtype), None, tuple(kernel.shape),
                        (stride, (0, 0), (1, 1)), True, columns // (kh * kw), dtype)
     extents = [dims[0], columns // (kh * kw), out_h, out_w]
-    static = all(isinstance(e, int) for e in extents)
-    layer = ctx.network.add_slice(summed, (0, 0, *padding), tuple(extents) if static else (1,) * 4, (1,) * 4)
-    if not static:
-        layer.set_input(2, ctx.shape_tensor(extents))
-    layer.mode = trt().SampleMode.FILL
-    layer.set_input(4, ctx.constant(torch.tensor(0.0), dtype))
-    out = layer.get_output(0)
+    out = slice_layer(ctx, summed, [0, 0, *padding], extents, [1] * 4, trt().SampleMode.FILL,
+                      ctx.constant(torch.tensor(0.0), dtype))
     return out if len(x.shape) == 3 else ctx.reshape(out, extents[1:])
 
 

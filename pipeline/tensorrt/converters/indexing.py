@@ -9,7 +9,7 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import broadcast, elementwise, ew_ops, norm_dim, unsqueeze_to
+from pipeline.tensorrt.converters._layers import broadcast, elementwise, ew_ops, norm_dim, slice_layer, unsqueeze_to
 from pipeline.tensorrt.converters.registry import converter
 from pipeline.tensorrt.trt_api import trt
 
@@ -216,13 +216,8 @@ def constant_pad_nd(ctx: ConversionContext, node: Node, args: tuple[Any, ...], k
         extent = sizes[axis]
         extents[axis] = extent + before + after if isinstance(extent, int) else elementwise(
             ctx, ew_ops().SUM, extent, ctx.constant(torch.tensor(before + after), torch.int64))
-    static = all(isinstance(s, int) for s in extents)
-    layer = ctx.network.add_slice(x, tuple(starts), tuple(extents) if static else (1,) * rank, (1,) * rank)
-    if not static:
-        layer.set_input(2, ctx.shape_tensor(extents))
-    layer.mode = trt().SampleMode.FILL
-    layer.set_input(4, ctx.constant(torch.tensor(value), ctx.node_dtype(node)))
-    return layer.get_output(0)
+    return slice_layer(ctx, x, starts, extents, [1] * rank, trt().SampleMode.FILL,
+                       ctx.constant(torch.tensor(value), ctx.node_dtype(node)))
 
 
 @converter(aten.repeat.default, validator=v.NUMERIC)
@@ -236,9 +231,4 @@ def repeat(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: di
     sizes = ctx.dims(x)
     extents = [s * r if isinstance(s, int) else elementwise(ctx, ew_ops().PROD, s, ctx.constant(torch.tensor(r), torch.int64))
                for s, r in zip(sizes, repeats)]
-    static = all(isinstance(e, int) for e in extents)
-    layer = ctx.network.add_slice(x, (0,) * rank, tuple(extents) if static else (1,) * rank, (1,) * rank)
-    if not static:
-        layer.set_input(2, ctx.shape_tensor(extents))
-    layer.mode = trt().SampleMode.WRAP
-    return layer.get_output(0)
+    return slice_layer(ctx, x, [0] * rank, extents, [1] * rank, trt().SampleMode.WRAP)

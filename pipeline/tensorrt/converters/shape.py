@@ -10,7 +10,15 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import broadcast, elementwise, ew_ops, norm_dim, out_val, unsqueeze_to
+from pipeline.tensorrt.converters._layers import (
+    broadcast,
+    elementwise,
+    ew_ops,
+    norm_dim,
+    out_val,
+    slice_layer,
+    unsqueeze_to,
+)
 from pipeline.tensorrt.converters.registry import converter
 
 aten = torch.ops.aten
@@ -162,7 +170,7 @@ def slice_(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: di
     sizes[axis] = count
     strides = [1] * rank
     strides[axis] = step
-    return _slice_layer(ctx, x, starts, sizes, strides)
+    return slice_layer(ctx, x, starts, sizes, strides)
 
 
 def _clip(ctx: ConversionContext, index: Any, size: Any) -> Any:
@@ -170,17 +178,6 @@ def _clip(ctx: ConversionContext, index: Any, size: Any) -> Any:
     if isinstance(index, int) and index < 0:
         index = _int_expr(ctx, size, index, "SUM")
     return _int_expr(ctx, _int_expr(ctx, index, size, "MIN"), 0, "MAX")
-
-
-def _slice_layer(ctx: ConversionContext, x: Any, starts: list[Any], sizes: list[Any], strides: list[int]) -> Any:
-    static = all(isinstance(s, int) for s in starts + sizes)
-    rank = len(starts)
-    layer = ctx.network.add_slice(x, tuple(starts) if static else (0,) * rank, tuple(sizes) if static else (1,) * rank,
-                                  tuple(strides))
-    if not static:
-        layer.set_input(1, ctx.shape_tensor(starts))
-        layer.set_input(2, ctx.shape_tensor(sizes))
-    return layer.get_output(0)
 
 
 @converter(aten.select.int, aten.select_copy.int)
@@ -248,7 +245,7 @@ def split(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dic
         starts[axis] = start
         extent = ctx.dims(x)
         extent[axis] = int(size)
-        outs.append(_slice_layer(ctx, x, starts, extent, [1] * rank))
+        outs.append(slice_layer(ctx, x, starts, extent, [1] * rank))
         start += int(size)
     return tuple(outs)
 
@@ -262,7 +259,7 @@ def flip(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict
     sizes = ctx.dims(x)
     starts = [_int_expr(ctx, sizes[i], 1, "SUB") if i in axes else 0 for i in range(rank)]
     strides = [-1 if i in axes else 1 for i in range(rank)]
-    return _slice_layer(ctx, x, starts, sizes, strides)
+    return slice_layer(ctx, x, starts, sizes, strides)
 
 
 def _unfold_ok(node: Node, spec: Any) -> str | None:
