@@ -101,7 +101,7 @@ def build(layers: list[dict[str, np.ndarray]], form: str, tokens: tuple[int, int
     builder = t.Builder(logger)
     network = builder.create_network(0)
     dynamic = tokens is None
-    x = network.add_input("x", t.DataType.HALF, (1, -1 if dynamic else 1, HIDDEN))
+    x = network.add_input("x", t.DataType.HALF, (1, -1 if dynamic else tokens[0], HIDDEN))
     out, acc = Net(network, form).chain(x, layers)
     out.name, acc.name = "out", "acc"
     network.mark_output(out)
@@ -115,10 +115,15 @@ def build(layers: list[dict[str, np.ndarray]], form: str, tokens: tuple[int, int
             profile = builder.create_optimization_profile()
             profile.set_shape("x", (1, lo, HIDDEN), (1, mid, HIDDEN), (1, hi, HIDDEN))
             config.add_optimization_profile(profile)
+    return timed_build(builder, network, config, form)
+
+
+def timed_build(builder: Any, network: Any, config: Any, what: str) -> tuple[bytes, float]:
+    """The serialized engine and the seconds its build took."""
     start = time.perf_counter()
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise RuntimeError(f"build failed ({form})")
+        raise RuntimeError(f"build failed ({what})")
     return bytes(plan), time.perf_counter() - start
 
 
@@ -197,6 +202,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "stacked q|k|v and gate|up, T dynamic + one-token profile": {"form": "stacked", "tokens": None, "extra": (1,)},
     "stacked q|k|v and gate|up, T = 1 static": {"form": "stacked", "tokens": (1, 1), "extra": ()},
     "sum(x * W), T = 1 static": {"form": "reduce", "tokens": (1, 1), "extra": ()},
+    "x @ W^T, T = 512 static": {"form": "transposed", "tokens": (512, 512), "extra": ()},
+    "x @ W^T, T = 512 static, opt level 5": {"form": "transposed", "tokens": (512, 512), "extra": (), "opt_level": 5},
+    "x @ W^T, T = 512 static, tiling FULL": {"form": "transposed", "tokens": (512, 512), "extra": (), "tiling": "FULL"},
+    "stacked q|k|v and gate|up, T = 512 static": {"form": "stacked", "tokens": (512, 512), "extra": ()},
+    "x @ W^T, T dynamic tuned for 512, no one-token profile": {"form": "transposed", "tokens": None, "extra": (),
+                                                               "opt": 512},
+    "x @ W^T, T dynamic tuned for 512 + one-token profile": {"form": "transposed", "tokens": None, "extra": (1,),
+                                                             "opt": 512},
+    "x @ W^T, T dynamic + one-token + 512-token profiles": {"form": "transposed", "tokens": None, "extra": (1, 512),
+                                                            "prefill_profile": 2},
 }
 
 
@@ -220,24 +235,37 @@ def main() -> None:
     for name, v in VARIANTS.items():
         if args.only and name not in args.only:
             continue
-        row: dict[str, Any] = {"variant": name}
-        try:
+
+        def measure(row: dict[str, Any], v: dict[str, Any] = v) -> None:
             plan, row["build_s"] = build(layers, v["form"], v["tokens"], v["extra"], v.get("opt_level", 3), v.get("tiling"),
                                           v.get("opt", 128))
             row["plan_over_weights"] = round(len(plan) / weight_bytes, 3)
-            one = time_engine(plan, 1, profile=1 if v["extra"] else 0)
-            row.update(decode_ms=one["ms"], weight_GBs=weight_bytes / one["ms"] / 1e6, device_GB=one["device_GB"])
-            if v["tokens"] is None:
-                many = time_engine(plan, args.prefill, profile=0)
+            if v["tokens"] is None or v["tokens"][0] == 1:
+                one = time_engine(plan, 1, profile=1 if v["extra"] else 0)
+                row.update(decode_ms=one["ms"], weight_GBs=weight_bytes / one["ms"] / 1e6, device_GB=one["device_GB"])
+            if v["tokens"] is None or v["tokens"][0] == args.prefill:
+                many = time_engine(plan, args.prefill, profile=v.get("prefill_profile", 0))
                 row.update(prefill_ms=many["ms"], prefill_TFLOPs=flops / many["ms"] / 1e9)
-        except Exception as exc:  # one form failing must not cost the others' numbers
-            row["error"] = f"{type(exc).__name__}: {exc}"
-        results["rows"].append(row)
-        print(json.dumps(row), flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "decode_products.json").write_text(json.dumps(results, indent=1))
 
+        add_row(results, {"variant": name}, measure)
+    save(results, args.out, "decode_products.json")
+
+
+def add_row(results: dict[str, Any], row: dict[str, Any], measure: Callable[[dict[str, Any]], None]) -> None:
+    """`measure` fills `row`; a failure is noted in it instead (one form failing must not cost the
+    others' numbers). The row is kept in `results["rows"]` and printed."""
+    try:
+        measure(row)
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    results["rows"].append(row)
+    print(json.dumps(row), flush=True)
+
+
+def save(results: dict[str, Any], out: Path | None, name: str) -> None:
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(json.dumps(results, indent=1))
 
 if __name__ == "__main__":
     main()

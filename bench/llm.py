@@ -96,11 +96,30 @@ def tokens_per_s(step: Step, token: torch.Tensor, position: torch.Tensor, first:
 def profile_step(step: Step, token: torch.Tensor, position: torch.Tensor, first: int, steps: int = 8) -> dict[str, Any]:
     """Per decode step: bytes moved by copies (memcpy and memset), kernels and graph launches, the
     kernels' summed time, and the kernels that take most of it (where a step's time goes)."""
+    decode_loop(step, token, position, first, 4)
+    return kernel_profile(lambda: decode_loop(step, token, position, first, steps), steps)
+
+
+def profile_prefill(prefill: Step, tokens: int, vocab: int, calls: int = 4) -> dict[str, Any]:
+    """The same per prefill call of `tokens` tokens."""
+    prompt = torch.randint(0, vocab, (1, tokens), device="cuda")
+    start = torch.zeros(1, dtype=torch.int64, device="cuda")
+
+    def run() -> None:
+        for _ in range(calls):
+            prefill(prompt, start)
+        torch.cuda.synchronize()
+
+    run()
+    return kernel_profile(run, calls)
+
+
+def kernel_profile(run: Callable[[], Any], calls: int) -> dict[str, Any]:
+    """What the GPU did during `run`, per call of the `calls` it makes."""
     from torch.profiler import ProfilerActivity, profile
 
-    decode_loop(step, token, position, first, 4)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        decode_loop(step, token, position, first, steps)
+        run()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = json.loads(Path(f.name).read_text()).get("traceEvents", [])
@@ -111,11 +130,11 @@ def profile_step(step: Step, token: torch.Tensor, position: torch.Tensor, first:
     for e in kernels:
         by_name.setdefault(str(e.get("name"))[:80], []).append(float(e.get("dur", 0.0)))
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:10]
-    return {"copied_bytes_per_step": sum(float(e.get("args", {}).get("bytes", 0)) for e in copies) / steps,
-            "copies_per_step": len(copies) / steps, "kernels_per_step": len(kernels) / steps,
-            "graph_launches_per_step": len(launches) / steps,
-            "kernel_us_per_step": sum(sum(d) for d in by_name.values()) / steps,
-            "top_kernels_us_per_step": {name: [round(sum(d) / steps, 1), len(d) / steps] for name, d in top}}
+    return {"copied_bytes_per_step": sum(float(e.get("args", {}).get("bytes", 0)) for e in copies) / calls,
+            "copies_per_step": len(copies) / calls, "kernels_per_step": len(kernels) / calls,
+            "graph_launches_per_step": len(launches) / calls,
+            "kernel_us_per_step": sum(sum(d) for d in by_name.values()) / calls,
+            "top_kernels_us_per_step": {name: [round(sum(d) / calls, 1), len(d) / calls] for name, d in top}}
 
 
 def teacher_forced(step: Step, reference: Step, prompt_len: int, steps: int, vocab: int) -> dict[str, float]:
@@ -232,6 +251,7 @@ def main() -> None:
                     row[f"fraction_of_{k}_limit"] = row["decode_tok_s"] / limit
             if not name.startswith("eager"):
                 guarded(row, "per_step", lambda d=decode, t=token, p=position: profile_step(d, t, p, args.prompt))
+                guarded(row, f"per_prefill_{max(args.prefill)}", lambda p=prefill: profile_prefill(p, max(args.prefill), vocab))
             if name.startswith("ours"):
                 guarded(row, "teacher_forced", lambda p=prefill, d=decode: teacher_forced(
                     lambda t, s: (p if t.shape[1] > 1 else d)(t, s), reference, args.prompt, args.steps, vocab))

@@ -20,6 +20,7 @@ from pipeline.tensorrt.builder import build_engine, profile_count
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.constant_fold import attr, content_digest, fold_constants, written_buffers
 from pipeline.tensorrt.engine_cache import EngineCache
+from pipeline.tensorrt.fused_attention import fuse_attention
 from pipeline.tensorrt.grouped_query import share_kv_heads
 from pipeline.tensorrt.network import GraphSource
 from pipeline.tensorrt.partitioner import RECORD_KEY, is_operator, mark_refused, preserved_ops, propose, symbol_ranges
@@ -69,12 +70,14 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
     spec = (spec or TensorRTCompileSpec()).for_method(method)
     spec = spec.with_symbol_ranges(symbol_ranges(program, spec))
     gm = program.module()
-    _drop_metadata_asserts(gm)
+    drop_metadata_asserts(gm)
     state = written_buffers(gm) | frozenset(state)  # never constants: what a method reads, another may have written
     given = {name for name, _ in gm.named_buffers()}
     fold_constants(gm, state)
-    if spec.share_kv_heads:
-        share_kv_heads(gm)
+    if spec.attention == "fused":
+        fuse_attention(gm)
+    if spec.attention != "as_written":
+        share_kv_heads(gm)  # what the fusion did not take
     engines = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
     _drop_unread(gm, given)
     log.info("method %r: %d TensorRT engine(s)", method, engines)
@@ -91,7 +94,7 @@ def _drop_unread(gm: torch.fx.GraphModule, given: set[str]) -> None:
             delattr(gm, name)
 
 
-def _drop_metadata_asserts(gm: torch.fx.GraphModule) -> None:
+def drop_metadata_asserts(gm: torch.fx.GraphModule) -> None:
     """Remove dtype/device assertions (`_assert_tensor_metadata`): export checked them, they hold for
     every input the program accepts, and they compute nothing."""
     for node in list(gm.graph.nodes):

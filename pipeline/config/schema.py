@@ -65,7 +65,9 @@ class CompileConfig:
     # decoder's decode: [{tokens: [1, 1, 1]}]); one engine, tuned per profile.
     profiles: list[dict[str, list[Any]]] = field(default_factory=list)
     max_aux_streams: int | None = None
-    share_kv_heads: bool = True  # grouped-query attention reads each K/V head once (faster decode, slower long prompts)
+    # Attention: "fused" (TensorRT's attention layer), "grouped" (products per K/V head: fastest
+    # one-token decode, slower long prompts) or "as_written" (the graph's ops); see TensorRTCompileSpec.
+    attention: str = "fused"
     per_method: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

@@ -14,6 +14,7 @@ from pipeline.errors import CompileSpecError
 from pipeline.tensorrt import blob
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+ATTENTION_FORMS = ("fused", "grouped", "as_written")  # compile.attention, see TensorRTCompileSpec
 # A dim range is [min, opt, max]; opt may be None to take the example input's size.
 DimRange = tuple[int, int | None, int]
 
@@ -40,10 +41,12 @@ class TensorRTCompileSpec:
         target_compute_capabilities: e.g. ["8.9", "9.0"] (TensorRT-RTX only); empty: builder default.
         dynamic_shapes: program input name -> {dim index -> [min, opt, max]}.
         max_aux_streams: auxiliary streams TensorRT may use; None leaves its default.
-        share_kv_heads: grouped-query attention reads each key/value head once (the compile step's
-            `grouped_query.share_kv_heads`) instead of a copy repeated for every query head: a
-            decoder's decode step is faster, but TensorRT-RTX then leaves a long prompt's attention
-            unfused (TinyLlama on the H200: decode 1.10x faster, a 512-token prefill 1.23x slower).
+        attention: how the compile step builds attention (softmax(q k^T * scale + mask) v):
+            "fused": TensorRT's attention layer (`fused_attention`: fused kernels for prompts,
+            grouped-query K/V heads read once); "grouped": products per K/V head over its group
+            of query heads stacked (`grouped_query`: the fastest one-token decode, long prompts
+            unfused); "as_written": the graph's own ops (K/V heads repeated as the model does).
+            "fused" and "grouped" leave what they do not recognise as written.
         method: the program method these options are for; None fits any method.
         symbol_ranges: symbolic dim name (e.g. "s0") -> [min, opt, max]; the partitioner fills it in
             from `dynamic_shapes` so each engine's inputs find their ranges.
@@ -66,7 +69,7 @@ class TensorRTCompileSpec:
     target_compute_capabilities: tuple[str, ...] = ()
     dynamic_shapes: Mapping[str, Mapping[int, DimRange]] = field(default_factory=dict)
     max_aux_streams: int | None = None
-    share_kv_heads: bool = True
+    attention: str = "fused"
     method: str | None = None
     symbol_ranges: Mapping[str, DimRange] = field(default_factory=dict)
     profiles: tuple[Mapping[str, DimRange], ...] = ()
@@ -172,8 +175,8 @@ def _validate(spec: TensorRTCompileSpec) -> None:
                                    "'aten.cumsum.default'")
     if spec.max_aux_streams is not None and (not isinstance(spec.max_aux_streams, int) or spec.max_aux_streams < 0):
         raise CompileSpecError(f"max_aux_streams={spec.max_aux_streams!r} must be an integer >= 0 or null")
-    if not isinstance(spec.share_kv_heads, bool):
-        raise CompileSpecError(f"share_kv_heads={spec.share_kv_heads!r} must be true or false")
+    if spec.attention not in ATTENTION_FORMS:
+        raise CompileSpecError(f"attention={spec.attention!r} is not a form; use one of {list(ATTENTION_FORMS)}")
     _validate_targets_and_ranges(spec)
 
 

@@ -6,16 +6,14 @@ writes the repeated copy."""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
-
 import torch
+
+from pipeline.tensorrt.graph_rewrite import SCALINGS, new_node, rewrite_products
 
 aten = torch.ops.aten
 Node = torch.fx.Node
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-_SCALES = (aten.mul.Scalar, aten.div.Scalar, aten.mul.Tensor, aten.div.Tensor)
 
 
 def share_kv_heads(gm: torch.fx.GraphModule) -> int:
@@ -23,14 +21,7 @@ def share_kv_heads(gm: torch.fx.GraphModule) -> int:
     g times per head; `f`: casts, permutes of the last two dims and scalings, which commute with
     the repeat) into `(a viewed as [B, H/g, g*T, K] @ f(kv))` viewed back as [B, H, T, N]: the same
     dot products, each head read once. Returns how many products were rewritten."""
-    rewritten = 0
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is aten.matmul.default and _rewrite(gm.graph, node):
-            rewritten += 1
-    if rewritten:
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
-    return rewritten
+    return rewrite_products(gm, _rewrite)
 
 
 def _rewrite(graph: torch.fx.Graph, matmul: Node) -> bool:
@@ -50,15 +41,15 @@ def _rewrite(graph: torch.fx.Graph, matmul: Node) -> bool:
     # token count specializes the symbol to the example's value.
     stacked = (batch, heads // group, tokens * group)
     with graph.inserting_before(matmul):
-        dense = _call(graph, aten.clone.default, (a,), {"memory_format": torch.contiguous_format},
-                      a_val.new_empty(a_val.shape))  # a view needs it; TensorRT makes nothing of it
-        grouped = _call(graph, aten.view.default, (dense, [batch, heads // group, -1, inner]),
-                        val=a_val.new_empty((*stacked, inner)))
+        dense = new_node(graph, aten.clone.default, (a,), {"memory_format": torch.contiguous_format},
+                         a_val.new_empty(a_val.shape))  # a view needs it; TensorRT makes nothing of it
+        grouped = new_node(graph, aten.view.default, (dense, [batch, heads // group, -1, inner]),
+                           val=a_val.new_empty((*stacked, inner)))
         operand = source
         for link in reversed(chain):  # the same permutes and scalings, on the shared heads
-            operand = _call(graph, link.target, (operand, *link.args[1:]), dict(link.kwargs))
-        product = _call(graph, aten.matmul.default, (grouped, operand), val=out_val.new_empty((*stacked, out_val.shape[3])))
-        out = _call(graph, aten.view.default, (product, [batch, heads, -1, out_val.shape[3]]), val=out_val)
+            operand = new_node(graph, link.target, (operand, *link.args[1:]), dict(link.kwargs))
+        product = new_node(graph, aten.matmul.default, (grouped, operand), val=out_val.new_empty((*stacked, out_val.shape[3])))
+        out = new_node(graph, aten.view.default, (product, [batch, heads, -1, out_val.shape[3]]), val=out_val)
     matmul.replace_all_uses_with(out)
     graph.erase_node(matmul)
     return True
@@ -71,7 +62,7 @@ def _head_chain(node: Node) -> tuple[list[Node], Node | None, int]:
     while _head_wise(node):
         chain.append(node)
         node = node.args[0]  # type: ignore[assignment]
-    source, group = _repeated(node)
+    source, group = repeated_heads(node)
     return chain, source, group
 
 
@@ -85,7 +76,7 @@ def _head_wise(node: Node) -> bool:
         return all(d % 4 >= 2 for d in node.args[1:3])  # type: ignore[operator]
     if node.target is aten._to_copy.default:  # the attention's upcast of half-precision K and V
         return set(node.kwargs) <= {"dtype"}
-    if node.target in _SCALES:
+    if node.target in SCALINGS:
         other = node.args[1]
         return isinstance(other, (int, float)) or (isinstance(other, Node) and _scalar(other))
     return False
@@ -96,7 +87,7 @@ def _scalar(node: Node) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() == 0
 
 
-def _repeated(node: Node) -> tuple[Node | None, int]:
+def repeated_heads(node: Node) -> tuple[Node | None, int]:
     """`kv` and g when `node` is view(clone?(expand(unsqueeze(kv, 2), [B, Hkv, g, S, D])), [B, Hkv*g, S, D])."""
     if node.op != "call_function" or node.target not in _VIEWS or not isinstance(node.args[0], Node):
         return None, 0
@@ -119,17 +110,3 @@ def _repeated(node: Node) -> tuple[Node | None, int]:
     if tuple(expand.meta["val"].shape) != (b, h, group, s, d) or tuple(node.meta["val"].shape) != (b, h * group, s, d):
         return None, 0  # broadcasting more than the heads, or merging other dims
     return source, group  # type: ignore[return-value]
-
-
-def _call(graph: torch.fx.Graph, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
-          val: torch.Tensor | None = None) -> Node:
-    """A new node with its fake value (what partitioning and the converters read): `val`, or the op
-    run on its inputs' fake values."""
-    node = graph.call_function(target, args, kwargs or {})
-    if val is None:
-        values = torch.fx.map_arg((args, kwargs or {}), lambda n: n.meta["val"])
-        mode = torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves(values))
-        with mode or contextlib.nullcontext():
-            val = target(*values[0], **values[1])
-    node.meta["val"] = val
-    return node

@@ -28,7 +28,7 @@ def test_round_trip_through_executorch_compile_specs() -> None:
     ({"min_block_size": 0}, "min_block_size=0 must be an integer >= 1"),
     ({"max_aux_streams": -2}, "max_aux_streams=-2"),
     ({"allow_tf32": "yes"}, "allow_tf32='yes' must be true or false"),
-    ({"share_kv_heads": 1}, "share_kv_heads=1 must be true or false"),
+    ({"attention": "flash"}, "attention='flash' is not a form; use one of \\['fused', 'grouped', 'as_written'\\]"),
     ({"target_compute_capabilities": ["sm89"]}, "'sm89' must look like '8.9'"),
     ({"dynamic_shapes": {"x": {0: [8, 4, 16]}}}, r"dynamic_shapes\['x'\]\[0\] = \[8, 4, 16\]: expected min <= opt <= max"),
     ({"dynamic_shapes": {"x": {0: [1, 9, 8]}}}, "expected min <= opt <= max"),

@@ -8,12 +8,8 @@ import pytest
 import torch
 from torch.export import Dim
 
-from pipeline.compile import compile_program, export_method
-from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.compile import export_method
 from pipeline.models.hf import decoder
-from pipeline.tensorrt.blob import op_build_info
-from pipeline.tensorrt.engine_op import is_engine_call
 from pipeline.tensorrt.grouped_query import share_kv_heads
 from tests.helpers import assert_not_degenerate
 
@@ -92,17 +88,3 @@ def test_what_is_not_a_head_repeat_is_left_alone(module: torch.nn.Module, q_head
     assert _repeats(gm) == 1
     assert share_kv_heads(gm) == 0
     torch.testing.assert_close(gm(*inputs), module(*inputs))
-
-
-def test_the_compile_option_builds_either_form_in_one_engine() -> None:
-    inputs = (torch.randint(0, 256, (1, 16)), torch.zeros(1, dtype=torch.int64))
-    layers = []
-    for share in (True, False):
-        spec = objects.compile_spec(compose(["model=llama_tiny", f"compile.share_kv_heads={str(share).lower()}"]),
-                                    "prefill")
-        assert spec.share_kv_heads is share
-        compiled = compile_program(_program("float32", kv_heads=2), inputs, spec, "prefill")
-        calls = [n for n in compiled.graph.nodes if is_engine_call(n)]
-        assert len(calls) == 1
-        layers.append(op_build_info(calls[0].args[2])["num_layers"])
-    assert layers[0] != layers[1], layers  # two forms of the attention

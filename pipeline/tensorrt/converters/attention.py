@@ -1,5 +1,6 @@
-"""Converter for `aten.scaled_dot_product_attention`: softmax(q k^T * scale + mask) v, built from
-matmul, softmax and elementwise layers (causal masks need static sequence lengths)."""
+"""Converters for attention: `aten.scaled_dot_product_attention`, softmax(q k^T * scale + mask) v
+built from matmul, softmax and elementwise layers (causal masks need static sequence lengths), and
+the compile step's fused `tensorrt::attention`, built as TensorRT's attention layer."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext, torch_to_trt
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import elementwise, ew_ops, promoted, unsqueeze_to
+from pipeline.tensorrt.converters._layers import broadcast, elementwise, ew_ops, promoted, unsqueeze_to
 from pipeline.tensorrt.converters.linear import matmul_layer
 from pipeline.tensorrt.converters.registry import converter
+from pipeline.tensorrt.fused_attention import attention as _op  # noqa: F401  (registers tensorrt::attention)
+from pipeline.tensorrt.trt_api import trt
 
 aten = torch.ops.aten
 Node = torch.fx.Node
@@ -52,3 +55,51 @@ def scaled_dot_product_attention(ctx: ConversionContext, node: Node, args: tuple
     softmax = ctx.network.add_softmax(scores)
     softmax.axes = 1 << (len(scores.shape) - 1)
     return matmul_layer(ctx, softmax.get_output(0), val)
+
+
+def _attention_ok(node: Node, spec: Any) -> str | None:
+    q, k = node.args[0].meta["val"], node.args[1].meta["val"]  # type: ignore[union-attr]
+    if q.dtype not in v.FLOAT_DTYPES:
+        return f"attention query dtype {q.dtype} is not floating point"
+    if q.shape[1] % k.shape[1]:
+        return f"{q.shape[1]} query heads do not divide into {k.shape[1]} key/value heads"
+    return None
+
+
+@converter(torch.ops.tensorrt.attention.default, validator=_attention_ok)
+def attention(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The compile step's fused attention (`fused_attention`): TensorRT's attention layer, q scaled
+    first. Grouped-query attention runs as one head per K/V head with the group's query heads
+    stacked along the tokens (and the mask's rows repeated to match): each K/V head is read once,
+    never repeated, and a one-token decode step is a product of g rows, not g products of one."""
+    t, dtype = trt(), ctx.node_dtype(node)
+    q, k, val = (ctx.cast(x, dtype) for x in args[:3])
+    mask, scale = args[3], args[4]
+    batch, heads, tokens, width = ctx.dims(q)
+    kv_heads = int(node.args[1].meta["val"].shape[1])  # type: ignore[union-attr]
+    group = heads // kv_heads
+    q = elementwise(ctx, ew_ops().PROD, q, ctx.tensor(float(scale), like=q))
+    if group > 1:
+        q = ctx.reshape(q, [batch, kv_heads, -1, width])
+    if mask is not None:
+        mask = unsqueeze_to(ctx, mask, 4)
+        if group > 1:
+            mask = _stacked_rows(ctx, mask, kv_heads, group)
+        if mask.dtype != torch_to_trt(torch.bool):
+            mask = ctx.cast(mask, dtype)
+    layer = ctx.network.add_attention_v2(q, k, val, t.AttentionNormalizationOp.SOFTMAX, t.CausalMaskKind.NONE)
+    if mask is not None:
+        layer.mask = mask
+    layer.decomposable = True  # TensorRT's own kernels where no fused one fits (fp32, odd head sizes)
+    out = layer.get_output(0)
+    return ctx.reshape(out, [batch, heads, tokens, width]) if group > 1 else out
+
+
+def _stacked_rows(ctx: ConversionContext, mask: Any, kv_heads: int, group: int) -> Any:
+    """A mask [a, h, T, S] (h 1 or one per query head) for queries stacked [B, kv_heads, group*T]:
+    per-head rows regrouped, a shared mask's rows repeated `group` times."""
+    a, h, tokens, keys = ctx.dims(mask)
+    if h != 1:
+        return ctx.reshape(mask, [a, kv_heads, -1, keys])
+    wide = broadcast(ctx, ctx.reshape(mask, [a, 1, 1, tokens, keys]), [a, 1, group, tokens, keys])
+    return ctx.reshape(wide, [a, 1, -1, keys])
