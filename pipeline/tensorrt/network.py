@@ -64,11 +64,15 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
     bindings: list[IOBinding] = []
     _check_profiles(spec, source.range_constraints)
     profiles: list[dict[str, ShapeRange]] = [{} for _ in range(1 + len(spec.profiles))]
-    sources = source.constants
     ctx.range_constraints = source.range_constraints
+    # Every constant is known before any node converts: a converter may read ahead (the convolution
+    # folds the batch norm's statistics in), and a graph may place placeholders after nodes that
+    # do not read them (torch 2.11's partitions do).
+    ctx.constants.update((n, v) for n in source.graph.find_nodes(op="placeholder")
+                         if (v := source.constants.get(n.name)) is not None)
     for node in source.graph.nodes:
         if node.op == "placeholder":
-            ctx.values[node] = _placeholder(ctx, node, sources, bindings, profiles)
+            ctx.values[node] = _placeholder(ctx, node, bindings, profiles)
         elif node.op == "call_function":
             ctx.values[node] = _convert(ctx, node)
         elif node.op == "output":
@@ -106,12 +110,10 @@ def _input_sources(program: ExportedProgram) -> dict[str, torch.Tensor | None]:
     return out
 
 
-def _placeholder(ctx: ConversionContext, node: torch.fx.Node, sources: dict[str, Any], bindings: list[IOBinding],
+def _placeholder(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IOBinding],
                  profiles: list[dict[str, ShapeRange]]) -> Any:
-    value = sources.get(node.name)
-    if value is not None:
-        ctx.constants[node] = value
-        return ctx.constant(value)
+    if node in ctx.constants:
+        return ctx.constant(ctx.constants[node])
     val = node.meta["val"]
     if not isinstance(val, torch.Tensor):
         raise UnsupportedOperatorError(f"input {node.name!r} is a {type(val).__name__}; engines take tensors only")
