@@ -81,6 +81,30 @@ def timed(variants: list[Variant], timing: Timing) -> None:
                     v.samples.append(begin.elapsed_time(end))
 
 
+def kernel_profile(run: Callable[[], Any], calls: int, top: int = 10) -> dict[str, Any]:
+    """What the GPU did during `run`, per call of the `calls` it makes: bytes copied, copies, kernels
+    and graph launches, the kernels' summed time, and the `top` kernels by time (name: [µs, count])."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text()).get("traceEvents", [])
+    copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    launches = [e for e in events if e.get("cat") == "cuda_runtime" and "GraphLaunch" in str(e.get("name"))]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(str(e.get("name"))[:80], []).append(float(e.get("dur", 0.0)))
+    longest = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"copied_bytes_per_step": sum(float(e.get("args", {}).get("bytes", 0)) for e in copies) / calls,
+            "copies_per_step": len(copies) / calls, "kernels_per_step": len(kernels) / calls,
+            "graph_launches_per_step": len(launches) / calls,
+            "kernel_us_per_step": sum(sum(d) for d in by_name.values()) / calls,
+            "top_kernels_us_per_step": {name: [round(sum(d) / calls, 1), len(d) / calls] for name, d in longest}}
+
+
 def bench_model(name: str, precision: str, timing: Timing, use_compile: bool,
                 overrides: list[str]) -> list[dict[str, Any]]:
     """Rows for every method of one zoo model, built from the default config plus Hydra `overrides`."""

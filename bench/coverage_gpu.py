@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.benchmark import Timing, Variant, timed  # noqa: E402
+from bench.benchmark import Timing, Variant, kernel_profile, timed  # noqa: E402
 from pipeline.cli import reported  # noqa: E402
 from pipeline.coverage.run import kept_row, row_key, run_suite, suite_config  # noqa: E402
 from pipeline.coverage.suite import Entry, select  # noqa: E402
@@ -56,6 +56,7 @@ class Setup:
     precision: str
     overrides: tuple[str, ...]
     out: Path
+    kernels: int = 0  # > 0: also the kernels each engine runs, this many by time (`kernel_profile`)
 
     @functools.cached_property
     def config(self) -> Any:
@@ -131,7 +132,8 @@ def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
     host_model = objects.model({"model": entry.model})
     with gpu or nullcontext():
         try:
-            return _measure_on_gpu(host_model, host_inputs, pte_path, ptd, row, precision, folder, iters, tolerance)
+            return _measure_on_gpu(host_model, host_inputs, pte_path, ptd, row, precision, folder, iters, tolerance,
+                                   setup.kernels)
         finally:
             import gc
 
@@ -142,7 +144,7 @@ def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
 
 
 def _measure_on_gpu(host_model: Any, host_inputs: Any, pte_path: Path, ptd: Path, row: dict[str, Any], precision: str,
-                    folder: Path, iters: int, tolerance: float) -> dict[str, Any]:
+                    folder: Path, iters: int, tolerance: float, kernels: int) -> dict[str, Any]:
     import torch
 
     from pipeline import pte
@@ -183,6 +185,9 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, pte_path: Path, ptd: Path
             timed(variants, Timing(iters=iters, warmup=20, block=10))
         ours_ms, theirs_ms = (statistics.median(v.samples) for v in variants)
         result.update(ours_ms=ours_ms, onnx_ms=theirs_ms, ratio=ours_ms / theirs_ms)
+        if kernels:  # where the two engines differ: their kernels, side by side in the .json
+            for v in variants:
+                result[f"{v.name}_kernels"] = kernel_profile(lambda f=v.fn: _calls(f, stream, 10), 10, kernels)
         with torch.no_grad():
             outs = theirs()
             stream.synchronize()  # the engine ran on `stream`: read its outputs once it is done
@@ -191,6 +196,12 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, pte_path: Path, ptd: Path
         error = folder / "onnx.error"
         result["onnx_error"] = error.read_text() if error.exists() else "no ONNX engine"
     return result
+
+
+def _calls(fn: Any, stream: Any, n: int) -> None:
+    for _ in range(n):
+        fn()
+    stream.synchronize()
 
 
 def _rel_error(out: Any, ref: Any) -> float:
@@ -375,10 +386,12 @@ def main() -> int:
     parser.add_argument("--skip-measure", action="store_true", help="only build (both ways)")
     parser.add_argument("--measure-only", action="store_true", help="build nothing; measure what is built")
     parser.add_argument("--keep-programs", action="store_true", help="keep a model's programs once it is measured")
+    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                        help="also profile both engines: their N longest-running kernels, in the .json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.monotonic()
-    setup = Setup(args.precision, tuple(args.overrides), args.out)
+    setup = Setup(args.precision, tuple(args.overrides), args.out, args.kernels)
     with reported():
         entries = select(args.models or None, args.slice)
         setup.config  # noqa: B018  (bad overrides: one line, before anything starts)

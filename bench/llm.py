@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from bench.benchmark import kernel_profile
 from pipeline.config import objects
 from pipeline.config.compose import compose
 from pipeline.runtime import load
@@ -112,29 +113,6 @@ def profile_prefill(prefill: Step, tokens: int, vocab: int, calls: int = 4) -> d
 
     run()
     return kernel_profile(run, calls)
-
-
-def kernel_profile(run: Callable[[], Any], calls: int) -> dict[str, Any]:
-    """What the GPU did during `run`, per call of the `calls` it makes."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.loads(Path(f.name).read_text()).get("traceEvents", [])
-    copies = [e for e in events if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
-    kernels = [e for e in events if e.get("cat") == "kernel"]
-    launches = [e for e in events if e.get("cat") == "cuda_runtime" and "GraphLaunch" in str(e.get("name"))]
-    by_name: dict[str, list[float]] = {}
-    for e in kernels:
-        by_name.setdefault(str(e.get("name"))[:80], []).append(float(e.get("dur", 0.0)))
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:10]
-    return {"copied_bytes_per_step": sum(float(e.get("args", {}).get("bytes", 0)) for e in copies) / calls,
-            "copies_per_step": len(copies) / calls, "kernels_per_step": len(kernels) / calls,
-            "graph_launches_per_step": len(launches) / calls,
-            "kernel_us_per_step": sum(sum(d) for d in by_name.values()) / calls,
-            "top_kernels_us_per_step": {name: [round(sum(d) / calls, 1), len(d) / calls] for name, d in top}}
 
 
 def teacher_forced(step: Step, reference: Step, prompt_len: int, steps: int, vocab: int) -> dict[str, float]:

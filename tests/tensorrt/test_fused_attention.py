@@ -100,7 +100,7 @@ class BiasAndMask(torch.nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         keep = torch.ones(6, 6, dtype=torch.bool).tril()
         scores = torch.matmul(q, k.transpose(3, 2)) + self.bias
-        scores = scores + torch.zeros(6, 6).masked_fill(~keep, torch.finfo(torch.float32).min)
+        scores = scores + torch.zeros(6, 6, dtype=q.dtype).masked_fill(~keep, torch.finfo(q.dtype).min)
         return torch.matmul(torch.softmax(scores.float(), dim=-1).type_as(scores), v)
 
 
