@@ -389,6 +389,8 @@ def main() -> int:
     parser.add_argument("--kernels", type=int, default=0, metavar="N",
                         help="also profile both engines: their N longest-running kernels, in the .json")
     args = parser.parse_args()
+    if args.kernels < 0:
+        parser.error(f"--kernels {args.kernels}: give how many kernels to list, 0 or more")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.monotonic()
     setup = Setup(args.precision, tuple(args.overrides), args.out, args.kernels)

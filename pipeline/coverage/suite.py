@@ -111,7 +111,8 @@ def select(names: list[str] | None = None, slice_: str = "all") -> list[Entry]:
     if names:
         picked = [e for e in chosen if any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for n in names)]
         unknown = [n for n in names if not any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for e in chosen)]
-        held_out = [_timm(n[5:]) for n in unknown if n.startswith("timm/") and _timm_knows(n[5:])]
+        known = _timm_architectures() if any(n.startswith("timm/") for n in unknown) else set()
+        held_out = [_timm(n[5:]) for n in unknown if n.startswith("timm/") and n[5:] in known]
         unknown = [n for n in unknown if n not in {e.name for e in held_out}]
         if unknown:
             raise ConfigError(f"not in the suite: {unknown}; names look like 'timm/resnet50' or a prefix like 'hf/' "
@@ -124,10 +125,10 @@ def _timm(name: str) -> Entry:
     return _entry(f"timm/{name}", "timm", "timm.create_model", {"model_name": name}, {"shape": [1, *_timm_input(name)]})
 
 
-def _timm_knows(name: str) -> bool:
+def _timm_architectures() -> set[str]:
     import timm
 
-    return name in timm.list_models()
+    return set(timm.list_models())
 
 
 def _timm_input(name: str) -> list[int]:
