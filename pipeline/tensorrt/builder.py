@@ -4,6 +4,7 @@ it from an engine cache (`engine_cache.py`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -78,6 +79,8 @@ def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkD
     config = builder.create_builder_config()
     if not spec.allow_tf32:
         config.clear_flag(t.BuilderFlag.TF32)
+        if flavour().is_rtx:
+            _tf32_not_honoured()
     else:
         config.set_flag(t.BuilderFlag.TF32)
     config.builder_optimization_level = spec.optimization_level
@@ -92,6 +95,14 @@ def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkD
     for profile in optimization_profiles(builder, definition) if definition is not None else []:
         config.add_optimization_profile(profile)
     return config
+
+
+@functools.cache
+def _tf32_not_honoured() -> None:
+    """Said once a process: TensorRT-RTX computes fp32 convolutions at TF32 precision with the flag cleared
+    (the H200, 2026-11-29 and 2026-11-30: same error and same speed; `docs/gpu-results.md`)."""
+    log.warning("compile.allow_tf32=false: TensorRT-RTX keeps TF32 on for fp32 convolutions all the same (measured "
+                "on the H200); for strict fp32, set NVIDIA_TF32_OVERRIDE=0 where the program runs")
 
 
 def optimization_profiles(builder: Any, definition: NetworkDefinition) -> list[Any]:

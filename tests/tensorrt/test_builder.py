@@ -1,6 +1,7 @@
 """Every compile-spec field reaches the TensorRT builder: read back from the builder configuration,
 the network, the optimization profile, the timing-cache file or the built engine."""
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from torch.export import Dim
 
 from pipeline.errors import CompileSpecError, UnsupportedOperatorError
+from pipeline.tensorrt import builder as builder_module
 from pipeline.tensorrt.builder import build_engine, builder_config, compute_capability_enum, optimization_profiles
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_runner import EngineRunner, LoadedEngine
@@ -40,6 +42,18 @@ def test_scalar_fields_reach_builder_config() -> None:
     assert config.max_aux_streams == 3
     _, _, default = _config(TensorRTCompileSpec(allow_tf32=True, optimization_level=5))
     assert default.get_flag(t.BuilderFlag.TF32) is True and default.builder_optimization_level == 5
+
+
+@pytest.mark.skipif(not flavour().is_rtx, reason="TensorRT-RTX's TF32 behaviour")
+def test_tf32_off_says_once_that_tensorrt_rtx_keeps_it(caplog: pytest.LogCaptureFixture) -> None:
+    builder_module._tf32_not_honoured.cache_clear()  # said once a process: start this test's process afresh
+    with caplog.at_level(logging.WARNING, logger="pipeline.tensorrt"):
+        _config(TensorRTCompileSpec(allow_tf32=True))
+        assert not caplog.records
+        _config(TensorRTCompileSpec(allow_tf32=False))
+        _config(TensorRTCompileSpec(allow_tf32=False))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "NVIDIA_TF32_OVERRIDE=0" in said[0], said
 
 
 @pytest.mark.parametrize("precision, trt_type", [("fp32", "FLOAT"), ("fp16", "HALF"), ("bf16", "BF16")])

@@ -1,5 +1,6 @@
 """Converters for `aten.convolution` (1-D as 2-D with a unit height, 2-D and 3-D; groups, depthwise, stride, padding, dilation,
-bias, and transposed convolution) and `aten.col2im` (`F.fold`, as a transposed convolution)."""
+bias, and transposed convolution; a zero pad just before it taken into its own padding) and `aten.col2im` (`F.fold`, as a
+transposed convolution)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
 from pipeline.tensorrt.converters._layers import slice_layer
 from pipeline.tensorrt.converters.normalization import batch_norm_folded_into
-from pipeline.tensorrt.converters.registry import converter
+from pipeline.tensorrt.converters.registry import aten_op, converter
 from pipeline.tensorrt.trt_api import trt
 
 aten = torch.ops.aten
@@ -37,12 +38,34 @@ def _conv_ok(node: Node, spec: Any) -> str | None:
     return None
 
 
+def padding_taken_by(pad: Node) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The (before, after) margins per spatial dim of `pad`, a zero `constant_pad_nd` whose only reader is
+    a convolution that takes them into its own padding (asymmetric "same" padding, as TensorFlow-style
+    models write it); None when it does not apply. The pad's converter then passes its input through."""
+    users = list(pad.users)
+    if aten_op(pad.target) != aten.constant_pad_nd.default or len(users) != 1:
+        return None
+    conv = users[0]
+    if aten_op(conv.target) != aten.convolution.default or conv.args[0] is not pad or conv.args[6]:
+        return None
+    margins, value = list(pad.args[1]), pad.args[2] if len(pad.args) > 2 else pad.kwargs.get("value", 0.0)
+    spatial = conv.args[1].meta["val"].dim() - 2  # type: ignore[union-attr]
+    if value != 0 or any(m < 0 for m in margins) or any(margins[2 * spatial:]):
+        return None
+    margins += [0] * (2 * spatial - len(margins))
+    before = tuple(margins[2 * (spatial - 1 - i)] for i in range(spatial))
+    after = tuple(margins[2 * (spatial - 1 - i) + 1] for i in range(spatial))
+    return before, after
+
+
 @converter(aten.convolution.default, validator=_conv_ok)
 def convolution(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, weight, bias, stride, padding, dilation, transposed, _, groups = args[:9]
     wshape = tuple(node.args[1].meta["val"].shape)  # type: ignore[union-attr]
     dtype = ctx.node_dtype(node)
     x = ctx.cast(x, dtype)
+    source = node.args[0]
+    margins = padding_taken_by(source) if isinstance(source, Node) else None
     folded = batch_norm_folded_into(ctx, node)
     if folded is not None:  # conv + inference batch norm -> one convolution
         weight, bias = ctx.constant(folded[0]), ctx.constant(folded[1])
@@ -52,14 +75,17 @@ def convolution(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwarg
         weight = ctx.reshape(weight, (wshape[0], wshape[1], 1, wshape[2]))
         wshape = (wshape[0], wshape[1], 1, wshape[2])
         stride, padding, dilation = (1, *_expand(stride, 1)), (0, *_expand(padding, 1)), (1, *_expand(dilation, 1))
-        out = _convolve(ctx, x, weight, bias, wshape, (stride, padding, dilation), transposed, groups, dtype)
+        margins = None if margins is None else ((0, *margins[0]), (0, *margins[1]))
+        out = _convolve(ctx, x, weight, bias, wshape, (stride, padding, dilation), transposed, groups, dtype, margins)
         out_dims = ctx.dims(out)
         return ctx.reshape(out, out_dims[:2] + [out_dims[3]])
-    return _convolve(ctx, x, weight, bias, wshape, (stride, padding, dilation), transposed, groups, dtype)
+    return _convolve(ctx, x, weight, bias, wshape, (stride, padding, dilation), transposed, groups, dtype, margins)
 
 
 def _convolve(ctx: ConversionContext, x: Any, weight: Any, bias: Any, wshape: tuple[int, ...],
-              geometry: tuple[Any, Any, Any], transposed: bool, groups: int, dtype: torch.dtype) -> Any:
+              geometry: tuple[Any, Any, Any], transposed: bool, groups: int, dtype: torch.dtype,
+              margins: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Any:
+    """One convolution layer; `margins`, the (before, after) zeros of a pad taken in, widen its padding."""
     stride, padding, dilation = geometry
     spatial = len(wshape) - 2
     empty = trt().Weights()  # the kernel comes in through set_input(1), so strongly typed nets keep one dtype
@@ -72,6 +98,9 @@ def _convolve(ctx: ConversionContext, x: Any, weight: Any, bias: Any, wshape: tu
         layer.set_input(2, ctx.cast(bias, dtype))
     layer.stride_nd = _expand(stride, spatial)
     layer.padding_nd = _expand(padding, spatial)
+    if margins is not None:
+        layer.pre_padding = tuple(p + m for p, m in zip(_expand(padding, spatial), margins[0]))
+        layer.post_padding = tuple(p + m for p, m in zip(_expand(padding, spatial), margins[1]))
     layer.dilation_nd = _expand(dilation, spatial)
     layer.num_groups = int(groups)
     return layer.get_output(0)

@@ -10,6 +10,7 @@ import torch
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
 from pipeline.tensorrt.converters._layers import broadcast, elementwise, ew_ops, norm_dim, slice_layer, unsqueeze_to
+from pipeline.tensorrt.converters.conv import padding_taken_by
 from pipeline.tensorrt.converters.registry import converter
 from pipeline.tensorrt.trt_api import trt
 
@@ -203,7 +204,10 @@ def _cache_update(ctx: ConversionContext, node: Node, cache: Any, update: Any, s
 
 @converter(aten.constant_pad_nd.default, validator=v.NUMERIC)
 def constant_pad_nd(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Pad (or, with negative pads, crop) the last dims: a slice that fills outside the input."""
+    """Pad (or, with negative pads, crop) the last dims: a slice that fills outside the input; a zero
+    pad that the convolution after it takes into its own padding passes its input through."""
+    if padding_taken_by(node) is not None:
+        return args[0]
     x, pad, value = args[0], list(args[1]), float(v.arg(node, 2, "value", 0.0))
     rank = len(x.shape)
     sizes = ctx.dims(x)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.helpers import check_converter, refusal
+from tests.helpers import Fn, check_converter, network_layers, refusal
 
 torch.manual_seed(0)
 X = torch.randn(2, 8, 16, 16)
@@ -49,6 +49,53 @@ def test_1d_convolution_fp16_dynamic_length() -> None:
 def test_refuses_transposed_output_padding() -> None:
     reasons = refusal(torch.nn.ConvTranspose2d(8, 4, 3, stride=2, output_padding=1), (X,))
     assert "output_padding" in reasons["aten.convolution.default"]
+
+
+class PadThenConv(torch.nn.Module):
+    """TensorFlow-style "same" padding: an explicit (often asymmetric) pad, then the convolution."""
+
+    def __init__(self, conv: torch.nn.Module, pad: tuple[int, ...], value: float = 0.0) -> None:
+        super().__init__()
+        self.conv, self.pad, self.value = conv, pad, value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.nn.functional.pad(x, self.pad, value=self.value))
+
+
+PADDED = {  # (convolution, pad, input)
+    "2d_same_stride2": (torch.nn.Conv2d(8, 4, 3, stride=2), (0, 1, 0, 1), X),
+    "2d_with_own_padding": (torch.nn.Conv2d(8, 4, 3, padding=1, groups=4), (2, 0, 1, 3), X),
+    "1d": (torch.nn.Conv1d(4, 6, 5, stride=2), (1, 2), torch.randn(2, 4, 17)),
+    "3d": (torch.nn.Conv3d(2, 3, 3), (0, 1, 1, 0, 1, 1), torch.randn(1, 2, 6, 6, 6)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PADDED))
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_zero_pad_is_taken_into_the_convolution(name: str, precision: str) -> None:
+    conv, pad, x = PADDED[name]
+    layers, _ = network_layers(PadThenConv(conv, pad), x)
+    assert not any("SLICE" in t for t in layers), layers
+    check_converter(PadThenConv(conv, pad), (x,), precision=precision)
+
+
+def test_zero_pad_taken_in_with_a_dynamic_batch_and_height() -> None:
+    dims = {0: torch.export.Dim("batch", min=1, max=4), 2: torch.export.Dim("height", min=9, max=32)}
+    check_converter(PadThenConv(torch.nn.Conv2d(8, 4, 3, stride=2), (0, 1, 0, 1)), (X,), dynamic_shapes=(dims,))
+
+
+@pytest.mark.parametrize("model", [
+    PadThenConv(torch.nn.Conv2d(8, 4, 3), (1, 1, 1, 1), value=1.0),  # not zeros
+    PadThenConv(torch.nn.Conv2d(8, 4, 3), (1, 1, -1, 2)),  # crops a row
+    PadThenConv(torch.nn.Conv2d(9, 4, 1), (0, 0, 0, 0, 1, 0)),  # pads the channels
+    Fn(lambda m, x: (lambda p: m.conv(p) + p[:, :4, 1:-1, 1:-1])(torch.nn.functional.pad(x, (1, 1, 1, 1)))),
+], ids=["value", "crop", "channels", "second_reader"])
+def test_pad_stays_a_layer_when_the_convolution_cannot_take_it(model: torch.nn.Module) -> None:
+    if isinstance(model, Fn):
+        model.conv = torch.nn.Conv2d(8, 4, 3)
+    layers, _ = network_layers(model, X)
+    assert any("SLICE" in t for t in layers), layers
+    check_converter(model, (X,))
 
 
 # F.fold (col2im): (output size, kernel, dilation, padding, stride); overlapping blocks sum, and the
