@@ -1,7 +1,9 @@
 """The coverage suite on a GPU, in one command: every suite model is built through the pipeline
 (`pipeline.coverage`, engines built on this machine) and by TensorRT's ONNX parser from the same
 model; then, one model at a time on the GPU, its `.pte` runs against eager PyTorch (max error
-relative to the reference's largest magnitude, against `runtime.max_rel_error`), and our engine
+relative to the reference's largest magnitude, against `runtime.max_rel_error`; a model whose eager
+output moves less than that from one input to another cannot fail the check, and is not counted
+as correct), and our engine
 and the ONNX-parser engine are timed side by side (`bench/benchmark.py`'s `timed`), each as a CUDA
 graph (a program of several engines: its `.pte` with CUDA graphs).
 
@@ -43,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.benchmark import Timing, Variant, kernel_profile, timed  # noqa: E402
 from pipeline.cli import reported  # noqa: E402
 from pipeline.coverage.run import kept_row, row_key, run_suite, suite_config  # noqa: E402
-from pipeline.coverage.suite import Entry, select  # noqa: E402
+from pipeline.coverage.suite import Entry, first_output, select  # noqa: E402
 from pipeline.files import write_bytes, write_json  # noqa: E402
 
 log = logging.getLogger("bench.coverage_gpu")
@@ -57,6 +59,7 @@ class Setup:
     overrides: tuple[str, ...]
     out: Path
     kernels: int = 0  # > 0: also the kernels each engine runs, this many by time (`kernel_profile`)
+    parser: bool = True  # also the ONNX parser's engine of each model, timed against ours
 
     @functools.cached_property
     def config(self) -> Any:
@@ -126,14 +129,15 @@ def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
     pte_path = folder / "program" / f"{name}.pte"
     ptd = pte_path.with_suffix(".ptd")
     spec = entry.model["methods"]["forward"]
-    if not any((folder / f).exists() for f in ("onnx.engine", "onnx.error")):
+    if setup.parser and not any((folder / f).exists() for f in ("onnx.engine", "onnx.error")):
         onnx_engine(setup, entry)  # its build was kept from a run that stopped
     host_inputs = objects.example_inputs(spec, 1)
+    other_inputs = objects.example_inputs(spec, 2)  # how much the output depends on the input
     host_model = objects.model({"model": entry.model})
     with gpu or nullcontext():
         try:
-            return _measure_on_gpu(host_model, host_inputs, pte_path, ptd, row, precision, folder, iters, tolerance,
-                                   setup.kernels)
+            return _measure_on_gpu(host_model, host_inputs, other_inputs, pte_path, ptd, row, precision, folder, iters,
+                                   tolerance, setup.kernels)
         finally:
             import gc
 
@@ -143,8 +147,8 @@ def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
             torch.cuda.empty_cache()  # the next worker's turn gets the whole GPU
 
 
-def _measure_on_gpu(host_model: Any, host_inputs: Any, pte_path: Path, ptd: Path, row: dict[str, Any], precision: str,
-                    folder: Path, iters: int, tolerance: float, kernels: int) -> dict[str, Any]:
+def _measure_on_gpu(host_model: Any, host_inputs: Any, other_inputs: Any, pte_path: Path, ptd: Path, row: dict[str, Any],
+                    precision: str, folder: Path, iters: int, tolerance: float, kernels: int) -> dict[str, Any]:
     import torch
 
     from pipeline import pte
@@ -157,14 +161,19 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, pte_path: Path, ptd: Path
     with torch.no_grad():
         with strict_fp32():
             ref = model(*inputs)
+            other = model(*[x.cuda() for x in other_inputs])
         loose = model(*inputs)  # PyTorch's defaults: cuDNN convolutions in TF32
         ours_program = load(pte_path, ptd if ptd.exists() else None, options=RuntimeOptions(cuda_graph=True))
         method = ours_program.method("forward")
         rel = _rel_error(method.execute(inputs), ref)
     # eager_tf32_error: how far PyTorch's own default (TF32) execution is from strict fp32, the
     # model's sensitivity to TF32 with these weights.
-    result: dict[str, Any] = {"rel_error": rel, "correct": rel <= tolerance, "tolerance": tolerance,
-                              "eager_tf32_error": _rel_error(loose, ref)}
+    # input_sensitivity: how far eager's output on a second input is from `ref`. An output that moves
+    # less than the tolerance from one input to another (a constant head, vanishing activations) would
+    # match an engine that got the layers before it wrong: such a model is not counted as correct.
+    sensitivity = _rel_error(other, ref)
+    result: dict[str, Any] = {"rel_error": rel, "correct": rel <= tolerance < sensitivity, "tolerance": tolerance,
+                              "eager_tf32_error": _rel_error(loose, ref), "input_sensitivity": sensitivity}
     file = ours_program.file  # the file load() read and checked
     calls = [c for c in pte.delegate_calls(file.program) if c.backend == blob.BACKEND_ID]
     stream = torch.cuda.Stream()
@@ -206,14 +215,8 @@ def _calls(fn: Any, stream: Any, n: int) -> None:
 
 def _rel_error(out: Any, ref: Any) -> float:
     """Largest absolute error relative to the reference's largest magnitude (first outputs)."""
-    got, want = _first(out), _first(ref)
+    got, want = first_output(out), first_output(ref)
     return float(((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-12)).item())
-
-
-def _first(out: Any) -> Any:
-    if isinstance(out, dict):  # segmentation models return {"out": ...}
-        return out[next(iter(out))]
-    return out[0] if isinstance(out, (list, tuple)) else out
 
 
 @contextmanager
@@ -257,16 +260,21 @@ def markdown(rows: list[dict[str, Any]], precision: str) -> str:
              f"ours / ONNX-parser engine over {len(ratios)} models: median "
              f"{statistics.median(ratios) if ratios else float('nan'):.3f}, max {max(ratios, default=float('nan')):.3f}, "
              f"{sum(r > 1.10 for r in ratios)} above 1.10.", "",
-             "| model | lowered whole | rel. error | ONNX rel. error | eager TF32 rel. error | correct | ours | ours ms | "
-             "ONNX ms | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | lowered whole | rel. error | ONNX rel. error | eager TF32 rel. error | input sensitivity | correct | "
+             "ours | ours ms | ONNX ms | ratio |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     nan = float("nan")
     for r in rows:
         lines.append(f"| {r['model']} | {'yes' if r.get('lowered_whole') else 'no'} | {r.get('rel_error', nan):.2e} | "
                      f"{r.get('onnx_rel_error', nan):.2e} | {r.get('eager_tf32_error', nan):.2e} | "
-                     f"{r.get('correct', r.get('status'))} | {r.get('ours', '')} | "
+                     f"{r.get('input_sensitivity', nan):.2e} | {r.get('correct', r.get('status'))}"
+                     f"{' (unchecked: the output hardly depends on the input)' if _unchecked(r) else ''} | {r.get('ours', '')} | "
                      f"{r.get('ours_ms', float('nan')):.3f} | {r.get('onnx_ms', float('nan')):.3f} | "
                      f"{r.get('ratio', float('nan')):.3f} |" + (f" {r['onnx_error']}" if "onnx_error" in r else ""))
     return "\n".join(lines) + "\n"
+
+
+def _unchecked(r: dict[str, Any]) -> bool:
+    return "input_sensitivity" in r and r["input_sensitivity"] <= r["tolerance"]
 
 
 def _ready(setup: Setup, entry: Entry, builds_done: bool) -> dict[str, Any] | None:
@@ -274,7 +282,7 @@ def _ready(setup: Setup, entry: Entry, builds_done: bool) -> dict[str, Any] | No
     row = kept_row(setup.out, entry, setup.precision, setup.key(entry))
     if row is None or row["status"] != "ok":
         return None
-    if builds_done or any((setup.folder(entry) / f).exists() for f in ("onnx.engine", "onnx.error")):
+    if builds_done or not setup.parser or any((setup.folder(entry) / f).exists() for f in ("onnx.engine", "onnx.error")):
         return row
     return None
 
@@ -386,6 +394,8 @@ def main() -> int:
     parser.add_argument("--skip-measure", action="store_true", help="only build (both ways)")
     parser.add_argument("--measure-only", action="store_true", help="build nothing; measure what is built")
     parser.add_argument("--keep-programs", action="store_true", help="keep a model's programs once it is measured")
+    parser.add_argument("--no-parser", action="store_true",
+                        help="no ONNX parser engines: our .pte against eager only (correctness, no timing)")
     parser.add_argument("--kernels", type=int, default=0, metavar="N",
                         help="also profile both engines: their N longest-running kernels, in the .json")
     args = parser.parse_args()
@@ -393,13 +403,14 @@ def main() -> int:
         parser.error(f"--kernels {args.kernels}: give how many kernels to list, 0 or more")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.monotonic()
-    setup = Setup(args.precision, tuple(args.overrides), args.out, args.kernels)
+    setup = Setup(args.precision, tuple(args.overrides), args.out, args.kernels, not args.no_parser)
     with reported():
         entries = select(args.models or None, args.slice)
         setup.config  # noqa: B018  (bad overrides: one line, before anything starts)
     builds = threading.Thread(target=run_suite, args=(entries, args.precision, args.out, args.jobs, args.timeout),
                               kwargs={"keep": True, "deadline": 0 if args.measure_only else args.deadline,
-                                      "after": functools.partial(onnx_engine, setup), "overrides": setup.overrides})
+                                      "after": functools.partial(onnx_engine, setup) if setup.parser else None,
+                                      "overrides": setup.overrides})
     builds.start()
     if args.skip_measure:
         builds.join()

@@ -16,6 +16,7 @@ from pipeline.config.targets import locate
 from pipeline.errors import ConfigError
 from pipeline.models.decoder import MethodView
 from pipeline.models.registry import download_reason
+from pipeline.models.weights import calibrate_batch_norms, show_every_layer
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_cache import EngineCache
 
@@ -52,7 +53,8 @@ def model_kwargs(factory: Any, section: Mapping[str, Any]) -> dict[str, Any]:
 
 def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
     """The model of the config, with weights from its seed (passed as `seed=` to factories that take
-    it, else set as PyTorch's seed for the call). Nothing is downloaded: no pretrained weights."""
+    it, else set as PyTorch's seed for the call) and initialised as `model.init` says. Nothing is
+    downloaded: no pretrained weights."""
     factory = locate(str(cfg["model"]["_target_"]), "model", "model._target_")
     kwargs = model_kwargs(factory, cfg["model"])
     download = download_reason(factory, kwargs)
@@ -67,7 +69,26 @@ def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
             built = build(factory, kwargs, "model._target_")
     if not isinstance(built, torch.nn.Module):
         raise ConfigError(f"model._target_ = {cfg['model']['_target_']!r} returned a {type(built).__name__}, not an nn.Module")
+    if cfg["model"].get("init", "factory") == "every_layer":
+        _every_layer(built, cfg["model"])
     return built.eval()
+
+
+def _every_layer(module: torch.nn.Module, section: Mapping[str, Any], draws: int = 8) -> None:
+    """`model.init=every_layer`: what hides layers set, batch norms calibrated on `draws` seeded draws
+    of the first method's example inputs, stacked on dim 0 (its batch)."""
+    name, spec = next(iter(section["methods"].items()))
+    seed = int(section["seed"])
+    batch = [torch.cat(xs) for xs in zip(*(example_inputs(spec, seed + i) for i in range(draws)))]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        show_every_layer(module)
+        try:
+            calibrate_batch_norms(module, spec.get("function", "forward"), batch)
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+            raise ConfigError(f"model.init=every_layer calibrates batch norms on {draws} example inputs of method "
+                              f"{name!r} stacked on dim 0, which the model cannot take ({type(exc).__name__}: {exc}); "
+                              "use model.init=factory") from exc
 
 
 def method_module(module: torch.nn.Module, spec: Mapping[str, Any]) -> torch.nn.Module:

@@ -44,6 +44,10 @@ class ModelConfig:
     name: str = MISSING
     _target_: str = MISSING
     seed: int = 0
+    # "factory": the factory's own initialisation; "every_layer": also set the zero heads, zero
+    # residual norms and tiny layer scales that keep layers out of the output, draw linear layers at
+    # 1/sqrt(fan_in) and calibrate batch norms on example inputs (pipeline.models.weights).
+    init: str = "factory"
     kwargs: dict[str, Any] = field(default_factory=dict)
     methods: dict[str, MethodSpec] = MISSING
 

@@ -30,6 +30,7 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
     _known([m for m in cfg.transforms.passes if m != "*"], methods, "transforms.passes")
     _known(list(cfg.compile.per_method), methods, "compile.per_method")
     _check_names(cfg)
+    _check_init(cfg)
     for name, m in cfg.model.methods.items():
         _check_method(f"model.methods.{name}", m)
     _check_compile(cfg, methods)
@@ -104,6 +105,13 @@ def _check_names(cfg: DictConfig) -> None:
         if value is not None and not _NAME.fullmatch(str(value)):
             raise ConfigError(f"{key} = {value!r} is not a plain file name; use letters, digits, '_', '-' and '.' "
                               "(no paths), starting with a letter or digit")
+
+
+def _check_init(cfg: DictConfig) -> None:
+    from pipeline.models.weights import INITS
+
+    if cfg.model.get("init", "factory") not in INITS:
+        raise ConfigError(f"model.init = {cfg.model.init!r} is not one of {list(INITS)}")
 
 
 def _check_method(where: str, m: DictConfig) -> None:

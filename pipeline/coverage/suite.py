@@ -1,6 +1,6 @@
 """The coverage suite: real models from torchvision, timm and Hugging Face `transformers`, each as the
-`model` section a config would hold (a plain `_target_` with its own kwargs, seeded random weights,
-nothing downloaded) plus its example input."""
+`model` section a config would hold (a plain `_target_` with its own kwargs, seeded random weights
+in which every layer changes the output, nothing downloaded) plus its example input."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class Entry:
 
 
 def _entry(name: str, source: str, target: str, kwargs: dict[str, Any], item: dict[str, Any]) -> Entry:
-    section = {"name": name.replace("/", "-"), "_target_": target, "kwargs": kwargs, "seed": 0,
+    section = {"name": name.replace("/", "-"), "_target_": target, "kwargs": kwargs, "seed": 0, "init": "every_layer",
                "methods": {"forward": {"inputs": [{"dtype": "float32", "low": 0, "high": 2, **item}]}}}
     return Entry(name, source, section)
 
@@ -119,6 +119,14 @@ def select(names: list[str] | None = None, slice_: str = "all") -> list[Entry]:
                               "(any timm architecture may be named)")
         chosen = picked + held_out
     return chosen
+
+
+def first_output(out: Any) -> Any:
+    """The output of a suite model that checks compare: a tuple's or list's first, a dict's first
+    value (segmentation models return {"out": ...})."""
+    if isinstance(out, dict):
+        return out[next(iter(out))]
+    return out[0] if isinstance(out, (list, tuple)) else out
 
 
 def _timm(name: str) -> Entry:

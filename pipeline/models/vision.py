@@ -12,6 +12,7 @@ import torch
 import torchvision
 
 from pipeline.models.registry import model_factory
+from pipeline.models.weights import calibrate_batch_norms
 
 
 def _calibrated(model: torch.nn.Module, seed: int, image_size: int) -> torch.nn.Module:
@@ -19,14 +20,8 @@ def _calibrated(model: torch.nn.Module, seed: int, image_size: int) -> torch.nn.
     for m in model.modules():
         if isinstance(m, torch.nn.Linear):  # torchvision's N(0, 0.01) heads shrink logits to ~1e-2
             m.reset_parameters()
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None  # cumulative average over the calibration batch
-    model.train()
-    with torch.no_grad():
-        model(torch.randn(8, 3, image_size, image_size, generator=gen))
-    return model.eval()
+    calibrate_batch_norms(model, "forward", [torch.randn(8, 3, image_size, image_size, generator=gen)])
+    return model
 
 
 @model_factory

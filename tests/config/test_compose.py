@@ -77,6 +77,7 @@ def test_committed_params_equal_default_composition() -> None:
     (["transforms=dead_code", "++transforms.passes={prefill: [{_target_: pipeline.transforms.RemoveDeadCode}]}"],
      ConfigError, r"unknown method\(s\) \['prefill'\]"),
     (["++transforms.passes={forward: [{_target_: os.system}]}"], ConfigError, "'os.system' is outside the trusted modules"),
+    (["model.init=zeros"], ConfigError, r"model.init = 'zeros' is not one of \['factory', 'every_layer'\]"),
 ])
 def test_bad_configs_fail_at_composition(overrides: list[str], error: type, message: str) -> None:
     with pytest.raises(error, match=message):
