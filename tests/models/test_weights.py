@@ -17,19 +17,20 @@ class Hidden(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 8))  # a token, not a weight
+        self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 8))  # an addition: a token
+        self.gain = torch.nn.Parameter(torch.zeros(8, 1, 1))  # NFNet's zero gain on a residual branch
         self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
         self.norm = torch.nn.BatchNorm2d(8)
         torch.nn.init.zeros_(self.norm.weight)  # zero last norm of a residual branch
         self.gamma = torch.nn.Parameter(torch.full((8, 1, 1), 1e-6))  # layer scale
         self.resweight = torch.nn.Parameter(torch.zeros(()))  # ReZero's gate on a residual branch
-        self.ln = torch.nn.LayerNorm(8)  # weight 1, bias 0: constants that hide nothing
+        self.ln = torch.nn.LayerNorm(8)  # weight 1 hides nothing, bias 0 is an addition
         self.head = torch.nn.Linear(8, 4)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.resweight * self.gamma * self.norm(self.conv(x))
+        x = x + self.resweight * self.gamma * self.gain * self.norm(self.conv(x))
         return self.head(self.ln(x.mean((2, 3)) + self.cls_token[:, 0]))
 
 
@@ -38,10 +39,12 @@ def test_every_layer_sets_only_what_hides_a_layer() -> None:
     x = torch.randn(2, 8, 5, 5)
     assert constant_output(model(x))
     torch.manual_seed(0)
-    assert sorted(show_every_layer(model)) == ["gamma", "head.weight", "norm.weight", "resweight"]
+    assert sorted(show_every_layer(model)) == ["gain", "gamma", "head.weight", "norm.weight", "resweight"]
     assert bool((model.gamma == 1).all()) and bool((model.norm.weight == 1).all()) and bool(model.resweight == 1)
     assert float(model.head.weight.detach().std()) > 0.05 and bool((model.head.bias != 0).any())  # nn.Linear's own init
-    assert bool((model.cls_token == 0).all()) and bool((model.ln.weight == 1).all()) and bool((model.ln.bias == 0).all())
+    assert bool((model.gain == 1).all()) and bool((model.ln.weight == 1).all())  # a norm's ones hide nothing
+    for offset in (model.cls_token, model.ln.bias, model.norm.bias):  # zero additions stay
+        assert bool((offset == 0).all())
     assert bool((model.conv.bias != 0).any()) and float(model(x).detach().std()) > 0
     assert show_every_layer(model) == []  # nothing is left to set
 
