@@ -86,9 +86,10 @@ def _every_layer(module: torch.nn.Module, section: Mapping[str, Any], draws: int
         try:
             calibrate_batch_norms(module, spec.get("function", "forward"), batch)
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+            reason = (str(exc).strip().splitlines() or [""])[0]  # one line
             raise ConfigError(f"model.init=every_layer calibrates batch norms on {draws} example inputs of method "
-                              f"{name!r} stacked on dim 0, which the model cannot take ({type(exc).__name__}: {exc}); "
-                              "use model.init=factory") from exc
+                              f"{name!r} stacked on dim 0, which the model cannot take ({type(exc).__name__}: "
+                              f"{reason}); use model.init=factory") from exc
 
 
 def method_module(module: torch.nn.Module, spec: Mapping[str, Any]) -> torch.nn.Module:
