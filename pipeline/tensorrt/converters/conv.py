@@ -48,7 +48,7 @@ def padding_taken_by(pad: Node) -> tuple[tuple[int, ...], tuple[int, ...]] | Non
     conv = users[0]
     if aten_op(conv.target) != aten.convolution.default or conv.args[0] is not pad or conv.args[6]:
         return None
-    margins, value = list(pad.args[1]), pad.args[2] if len(pad.args) > 2 else pad.kwargs.get("value", 0.0)
+    margins, value = list(pad.args[1]), v.arg(pad, 2, "value", 0.0)
     spatial = conv.args[1].meta["val"].dim() - 2  # type: ignore[union-attr]
     if value != 0 or any(m < 0 for m in margins) or any(margins[2 * spatial:]):
         return None
