@@ -1,5 +1,6 @@
 """The toolchain record: what engines depend on besides the config (TensorRT flavour and package
-versions, target compute capabilities, torch, torchvision, executorch, `$PIPELINE_TOOLCHAIN_EXTRA`).
+versions, target compute capabilities, torch, torchvision, executorch, `$NVIDIA_TF32_OVERRIDE` where
+set (TensorRT-RTX keeps it in the engine: `pipeline/tensorrt/build_env.py`), `$PIPELINE_TOOLCHAIN_EXTRA`).
 Read from package metadata alone, without importing torch or TensorRT, so the DVC stage that
 writes it on every `dvc repro` takes a fraction of a second."""
 
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.tensorrt import build_env
 from pipeline.tensorrt.trt_api import CANDIDATES, PIN_ENV
 
 _PACKAGES = ("torch", "torchvision", "executorch")
@@ -30,6 +32,8 @@ def record(target_compute_capabilities: Sequence[str] = ()) -> dict[str, Any]:
         "packages": dict(sorted(versions.items())),
         "target_compute_capabilities": list(target_compute_capabilities),
     }
+    if build_env.current():  # unset: no key, so records written before it was read stay equal
+        out[build_env.VARIABLE] = build_env.current()
     extra = os.environ.get("PIPELINE_TOOLCHAIN_EXTRA")
     if extra:  # what the record cannot see itself, e.g. a container image or driver tag
         out["extra"] = extra

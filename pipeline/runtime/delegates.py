@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import RuntimeUnavailableError
-from pipeline.tensorrt import blob
+from pipeline.tensorrt import blob, build_env
 from pipeline.tensorrt.engine_runner import EngineRunner
 from pipeline.tensorrt.trt_api import available
 
@@ -16,8 +16,7 @@ from pipeline.tensorrt.trt_api import available
 class TensorRTDelegate:
     """One TensorRT delegate of a method: its engine runner and its value indices."""
 
-    def __init__(self, payload: bytes, args: list[int], program: Any) -> None:
-        meta, ref = blob.decode(payload)
+    def __init__(self, meta: blob.BlobMetadata, ref: blob.EngineRef, args: list[int], program: Any) -> None:
         self.inputs = args[: len(meta.inputs)]
         self.outputs = args[len(meta.inputs):]
         self.runner = EngineRunner(program.engine(ref), meta.io_bindings, program.options, program.stream)
@@ -48,13 +47,17 @@ def make_delegate(backend: str, payload: bytes, args: list[int], program: Any) -
     """The executor of one delegate call.
 
     Raises:
-        RuntimeUnavailableError: a backend other than TensorRT, or no CUDA / TensorRT here.
+        BlobFormatError: a TensorRT blob that is not whole.
+        RuntimeUnavailableError: a backend other than TensorRT, an engine built for another
+            NVIDIA_TF32_OVERRIDE (`build_env.py`), or no CUDA / TensorRT here.
     """
     if backend != blob.BACKEND_ID:
         raise RuntimeUnavailableError(
             f"this program has a {backend} delegate, which pipeline.runtime cannot execute; run it with "
             "ExecuTorch's runtime (executorch.runtime), or lower without that backend"
         )
+    meta, ref = blob.decode(payload)
+    build_env.check(meta.tf32_override, f"this program's TensorRT engine {ref.sha256[:12]}")
     if not torch.cuda.is_available():
         raise RuntimeUnavailableError("this program has TensorRT delegates, which run on a CUDA GPU; this machine has none "
                                       "visible to PyTorch (run it on a GPU machine)")
@@ -63,4 +66,4 @@ def make_delegate(backend: str, payload: bytes, args: list[int], program: Any) -
             "this program has TensorRT delegates, which need TensorRT (`pip install -e '.[tensorrt]'` or "
             "'.[tensorrt-rtx]'); neither tensorrt nor tensorrt_rtx imports here"
         )
-    return TensorRTDelegate(payload, args, program)
+    return TensorRTDelegate(meta, ref, args, program)

@@ -4,6 +4,7 @@ into the program's named data and returns the blob that names it (see `blob.py`)
 
 from __future__ import annotations
 
+import dataclasses
 from typing import final
 
 from executorch.exir._serialize._named_data_store import NamedDataStore
@@ -78,7 +79,7 @@ def prebuilt_engine(program: ExportedProgram) -> tuple[bytes, blob.BlobMetadata,
             f"got inputs {names} for {user_inputs} and outputs {outputs}"
         )
     bindings = (*[meta.inputs[names.index(u)] for u in user_inputs], *[meta.outputs[i] for i in outputs])
-    out_meta = blob.BlobMetadata(io_bindings=bindings, target_platform=meta.target_platform)
+    out_meta = dataclasses.replace(meta, io_bindings=bindings)
     return engine.cpu().numpy().tobytes(), out_meta, {**blob.op_build_info(metadata), "prebuilt": True}
 
 

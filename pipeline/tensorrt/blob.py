@@ -15,7 +15,8 @@ Blob layout (after Torch-TensorRT's ExecuTorch integration), all little-endian:
     then       compact UTF-8 JSON metadata, keys in this order: io_bindings [{name, dtype, shape,
                is_input[, min, max]}] (inputs in delegate-argument order, then outputs), aliased_io
                [{output, input, kind}], hardware_compatible, device_id, serialized_metadata,
-               target_platform, engine_sha256, and for TR03 engine_key
+               target_platform, tf32_override (TensorRT-RTX engines; see below), engine_sha256, and for
+               TR03 engine_key
     then       TR01/TR02 only: zero padding to eng_offset, then the serialized engine.
 
 A TR03 engine is stored in ExecuTorch's named data (`NamedDataStore` at export, `NamedDataMap` at
@@ -32,6 +33,10 @@ updated by TensorRT's KVCacheUpdate layer) names that input in `aliases`: the ru
 one tensor. The engine op (`engine_op.py`) carries the same bindings in its metadata string
 (`encode_op_metadata`). Compile specs are one ExecuTorch `CompileSpec` per field, its value the
 field's JSON. Backend id: "TensorRTBackend".
+
+`tf32_override` is `NVIDIA_TF32_OVERRIDE`'s value where a TensorRT-RTX engine was built ("" when
+unset), which the engine keeps and needs again where it runs (`build_env.py`); the engine op's
+metadata and the engine cache carry it too. Absent (older blobs, standard TensorRT): not checked.
 """
 
 from __future__ import annotations
@@ -114,6 +119,7 @@ class BlobMetadata:
     device_id: int = 0
     serialized_metadata: str = ""
     target_platform: str = "linux_x86_64"
+    tf32_override: str | None = None  # NVIDIA_TF32_OVERRIDE at build (TensorRT-RTX); None: not recorded
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -151,6 +157,7 @@ def encode(engine: EngineRef, meta: BlobMetadata) -> bytes:
         "device_id": meta.device_id,
         "serialized_metadata": meta.serialized_metadata,
         "target_platform": meta.target_platform,
+        **tf32_override_doc(meta),
         "engine_sha256": engine.sha256,
         "engine_key": engine.key,
     }
@@ -176,6 +183,7 @@ def decode(blob: bytes | memoryview) -> tuple[BlobMetadata, EngineRef]:
             device_id=int(doc.get("device_id", 0)),
             serialized_metadata=str(doc.get("serialized_metadata", "")),
             target_platform=str(doc.get("target_platform", "")),
+            tf32_override=read_tf32_override(doc),
         )
         digest = str(doc["engine_sha256"])
         key = str(doc["engine_key"]) if magic == MAGIC else None
@@ -189,6 +197,16 @@ def decode(blob: bytes | memoryview) -> tuple[BlobMetadata, EngineRef]:
     ref = EngineRef(digest, eng_size, None, engine)
     check_engine(ref, engine)
     return meta, ref
+
+
+def tf32_override_doc(meta: BlobMetadata) -> dict[str, str]:
+    """The `tf32_override` key of a metadata document: present only where the build recorded it."""
+    return {} if meta.tf32_override is None else {"tf32_override": meta.tf32_override}
+
+
+def read_tf32_override(doc: Mapping[str, Any]) -> str | None:
+    value = doc.get("tf32_override")
+    return None if value is None else str(value)
 
 
 def read_header(blob: bytes | memoryview) -> tuple[bytes, int, int, int, int]:
@@ -261,7 +279,8 @@ def is_engine_key(key: str) -> bool:
 def encode_op_metadata(meta: BlobMetadata, out_shapes: list[list[int | str]], build: dict[str, Any] | None = None) -> str:
     """The engine op's metadata string: bindings, each output's shape (ints or expressions over input
     dims such as "in0_1 + 1"), and `build` statistics for lowering reports."""
-    doc = {"io_bindings": [b.to_json() for b in meta.io_bindings], "out_shapes": out_shapes, "build": build or {}}
+    doc = {"io_bindings": [b.to_json() for b in meta.io_bindings], **tf32_override_doc(meta), "out_shapes": out_shapes,
+           "build": build or {}}
     return json.dumps(doc, separators=(",", ":"))
 
 
@@ -270,7 +289,7 @@ def decode_op_metadata(text: str) -> tuple[BlobMetadata, list[list[int | str]]]:
     """Inverse of `encode_op_metadata`: (bindings as metadata, output shapes)."""
     doc = json.loads(text)
     bindings = tuple(IOBinding.from_json(b) for b in doc["io_bindings"])
-    return BlobMetadata(io_bindings=bindings), doc["out_shapes"]
+    return BlobMetadata(io_bindings=bindings, tf32_override=read_tf32_override(doc)), doc["out_shapes"]
 
 
 def op_build_info(text: str) -> dict[str, Any]:

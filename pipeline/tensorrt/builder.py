@@ -16,6 +16,7 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from pipeline.errors import CompileSpecError, EngineBuildError
+from pipeline.tensorrt import build_env
 from pipeline.tensorrt.blob import BlobMetadata
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_cache import EngineCache, Entry
@@ -102,7 +103,7 @@ def _tf32_not_honoured() -> None:
     """Said once a process: TensorRT-RTX computes fp32 convolutions at TF32 precision with the flag cleared
     (the H200, 2026-11-29 and 2026-11-30: same error and same speed; `docs/gpu-results.md`)."""
     log.warning("compile.allow_tf32=false: TensorRT-RTX keeps TF32 on for fp32 convolutions all the same (measured "
-                "on the H200); for strict fp32, set NVIDIA_TF32_OVERRIDE=0 where the program runs")
+                "on the H200); for strict fp32, build and run the program with %s=0", build_env.VARIABLE)
 
 
 def optimization_profiles(builder: Any, definition: NetworkDefinition) -> list[Any]:
@@ -185,7 +186,8 @@ def _build(source: GraphSource, spec: TensorRTCompileSpec, label: str) -> BuiltE
     log.info("built TensorRT %s in %.2f s (%d bytes)", label, seconds, serialized.nbytes)
     if spec.timing_cache_path:
         _write_atomically(Path(spec.timing_cache_path), bytes(config.get_timing_cache().serialize()))
-    meta = BlobMetadata(io_bindings=definition.bindings, hardware_compatible=False, target_platform=_platform())
+    meta = BlobMetadata(io_bindings=definition.bindings, hardware_compatible=False, target_platform=_platform(),
+                        tf32_override=build_env.current() if flavour().is_rtx else None)
     return BuiltEngine(bytes(serialized), meta, seconds, layers)
 
 

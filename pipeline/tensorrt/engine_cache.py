@@ -4,8 +4,9 @@ in a local folder (default) or any fsspec URL a cluster shares.
 The key is the SHA-256 of: the subgraph in canonical form (every node's op, target, arguments and
 value dtype/shape, every constant's bytes, the symbolic dims' ranges), every compile-spec field that
 reaches the builder (all but `method` and `timing_cache_path`), and the toolchain (TensorRT flavour
-and version, the platform, and the source of `pipeline.tensorrt`, converters included). An entry is
-`<key>.engine`: b"PEC1", a u32 length, JSON (key, engine SHA-256 and size, bindings, layers), then
+and version, the platform, the source of `pipeline.tensorrt`, converters included, and
+`NVIDIA_TF32_OVERRIDE` where set). An entry is `<key>.engine`: b"PEC1", a u32 length, JSON (key,
+engine SHA-256 and size, bindings, layers, the TF32 override recorded at build), then
 the engine. It is published atomically (written under a temporary name, then renamed), checked on
 every read (its key, size and digest; a bad entry is deleted and the engine rebuilt, never used),
 and the least recently used entries go when the cache outgrows its bound.
@@ -29,7 +30,7 @@ import fsspec
 import torch
 
 from pipeline.files import write_bytes
-from pipeline.tensorrt import blob
+from pipeline.tensorrt import blob, build_env
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.network import GraphSource
 from pipeline.tensorrt.trt_api import flavour
@@ -155,9 +156,15 @@ class EngineCache:
             pass
 
 
-@functools.cache
 def toolchain_id() -> str:
-    """TensorRT flavour and version, platform, and a digest of `pipeline.tensorrt`'s source."""
+    """TensorRT flavour and version, platform, a digest of `pipeline.tensorrt`'s source, and
+    `NVIDIA_TF32_OVERRIDE` where it is set (the engine keeps it: `build_env.py`)."""
+    here = build_env.current()
+    return _toolchain_id() + (f";{build_env.VARIABLE}={here}" if here else "")
+
+
+@functools.cache
+def _toolchain_id() -> str:
     from pipeline.toolchain import source_digest
 
     found = flavour()
@@ -208,7 +215,7 @@ def _arg(value: Any) -> str:
 def _encode(key: str, entry: Entry) -> bytes:
     doc = {"key": key, "sha256": hashlib.sha256(entry.engine).hexdigest(), "size": len(entry.engine),
            "num_layers": entry.num_layers, "target_platform": entry.metadata.target_platform,
-           "io_bindings": [b.to_json() for b in entry.metadata.io_bindings]}
+           **blob.tf32_override_doc(entry.metadata), "io_bindings": [b.to_json() for b in entry.metadata.io_bindings]}
     head = json.dumps(doc, separators=(",", ":")).encode()
     return MAGIC + _LENGTH.pack(len(head)) + head + entry.engine
 
@@ -224,7 +231,8 @@ def _decode(data: bytes, key: str) -> Entry | None:
         if doc["key"] != key or doc["size"] != len(engine) or hashlib.sha256(engine).hexdigest() != doc["sha256"]:
             return None
         bindings = tuple(blob.IOBinding.from_json(b) for b in doc["io_bindings"])
-        meta = blob.BlobMetadata(io_bindings=bindings, target_platform=str(doc["target_platform"]))
+        meta = blob.BlobMetadata(io_bindings=bindings, target_platform=str(doc["target_platform"]),
+                                 tf32_override=blob.read_tf32_override(doc))
         return Entry(engine, meta, int(doc["num_layers"]))
     except (struct.error, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return None

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import BlobFormatError, InputError, RuntimeUnavailableError
+from pipeline.tensorrt import build_env
 from pipeline.tensorrt.blob import IOBinding
 from pipeline.tensorrt.trt_api import flavour, trt
 
@@ -95,6 +96,10 @@ class EngineRunner:
         profile 0 if it is free)."""
         if self._context is None:
             self._context = self._make_context(trt())
+            if self._context is None:  # TensorRT logged why (e.g. an NVIDIA_TF32_OVERRIDE other than at build)
+                raise RuntimeUnavailableError(
+                    f"{flavour().module} made no execution context for this engine (its error is in the log above; "
+                    f"{build_env.VARIABLE} is {build_env.current() or 'unset'} here)")
             self.profile = int(getattr(self._context, "active_optimization_profile", 0))
         return self._context
 
