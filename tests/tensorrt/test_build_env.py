@@ -18,7 +18,9 @@ from pipeline.tensorrt import blob, build_env
 from pipeline.tensorrt.builder import build_engine
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_cache import EngineCache, toolchain_id
+from pipeline.tensorrt.engine_runner import EngineRunner
 from pipeline.tensorrt.trt_api import flavour
+from tests.helpers import GPU
 
 rtx = pytest.mark.skipif(not flavour().is_rtx, reason="TensorRT-RTX keeps the variable in its engines")
 
@@ -94,3 +96,18 @@ def test_program_built_without_the_override_is_refused_where_it_is_set(monkeypat
                                                       r"NVIDIA_TF32_OVERRIDE unset and this process has "
                                                       r"NVIDIA_TF32_OVERRIDE=0; .* unset it here"):
         load(files["pte"]).method("forward")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU or not flavour().is_rtx, reason="needs CUDA and TensorRT-RTX")
+def test_context_tensorrt_does_not_make_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine runner alone (no blob record to check first): TensorRT-RTX refuses the context
+    (the H200, 2026-12-01: "Inconsistent setting of NVIDIA_TF32_OVERRIDE ..."), and the runner says
+    so instead of failing on a missing context."""
+    monkeypatch.delenv(build_env.VARIABLE, raising=False)
+    built = build_engine(_program(), TensorRTCompileSpec())
+    monkeypatch.setenv(build_env.VARIABLE, "0")
+    runner = EngineRunner(built.engine, built.metadata.io_bindings)
+    with pytest.raises(RuntimeUnavailableError, match=r"made no execution context for this engine .*"
+                                                      r"NVIDIA_TF32_OVERRIDE is 0 here"):
+        runner(torch.randn(1, 3, 8, 8, device="cuda"))
