@@ -9,14 +9,18 @@ graph (a program of several engines: its `.pte` with CUDA graphs).
 
 Builds and measurements overlap: a model is measured as soon as both its builds are done, by
 `--workers-per-gpu` processes on each GPU that take turns on it (one at a time runs on the GPU;
-the others load and build eager models on the CPU meanwhile). A measured model's programs are
+the others load and build eager models on the CPU meanwhile; with `--no-parser` nothing is timed
+and they share the GPU). A measured model's programs are
 deleted (`--keep-programs` keeps them). Resumable: results stay under `--out`; a second run only
 does what is missing. Writes `<out>/coverage-gpu-<precision>.md` and `.json` after every model.
 
-The eager reference runs in strict fp32 (TF32 off); `--set compile.allow_tf32=false` builds both
-engines without TF32 too (the ONNX parser's engine takes the same builder settings as ours).
+The eager reference runs in strict fp32 (TF32 off); `--set compile.allow_tf32=false` clears the
+builder's TF32 flag for both engines (the ONNX parser's engine takes the same builder settings as
+ours), which TensorRT-RTX's convolutions ignore. TF32 off in the engines too: the variable for the
+whole command, so that the builds and the runs both see it (`pipeline/tensorrt/build_env.py`):
 
-    python bench/coverage_gpu.py --precision fp32 --jobs 24 --workers-per-gpu 2 --set compile.allow_tf32=false
+    python bench/coverage_gpu.py --precision fp32 --jobs 24 --workers-per-gpu 2
+    NVIDIA_TF32_OVERRIDE=0 python bench/coverage_gpu.py timm/lcnet_050 --no-parser
 """
 
 from __future__ import annotations
@@ -120,7 +124,8 @@ def onnx_engine(setup: Setup, entry: Entry) -> None:
 def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
             gpu: AbstractContextManager[Any] | None = None) -> dict[str, Any]:
     """Correctness of the `.pte` against eager, and our engine against the ONNX parser's (CUDA graphs).
-    `gpu` is held while anything runs on the GPU (the eager model is built before)."""
+    `gpu` is held while anything runs on the GPU (the eager model is built before), so that timings
+    see the GPU alone; without the parser nothing is timed, and the workers share the GPU."""
     from pipeline.config import objects
 
     folder, precision = setup.folder(entry), setup.precision
@@ -134,7 +139,7 @@ def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
     host_inputs = objects.example_inputs(spec, 1)
     other_inputs = objects.example_inputs(spec, 2)  # how much the output depends on the input
     host_model = objects.model({"model": entry.model})
-    with gpu or nullcontext():
+    with (gpu if setup.parser else None) or nullcontext():
         try:
             return _measure_on_gpu(host_model, host_inputs, other_inputs, pte_path, ptd, row, precision, folder, iters,
                                    tolerance, setup.kernels)
