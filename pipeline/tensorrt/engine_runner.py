@@ -56,7 +56,11 @@ class LoadedEngine:
         self._runtime = t.Runtime(self._logger)  # kept alive with the engine
         self.engine = self._runtime.deserialize_cuda_engine(engine)
         if self.engine is None:
-            raise RuntimeUnavailableError(f"{flavour().module} could not deserialize the engine (built by another version?)")
+            major, minor = torch.cuda.get_device_capability()
+            raise RuntimeUnavailableError(
+                f"{flavour().module} {flavour().version} could not deserialize the engine (its error is in the log above): "
+                f"built by another TensorRT version, or for compute capabilities without this GPU's {major}.{minor} "
+                "(compile.target_compute_capabilities); rebuild the program with this toolchain for this GPU")
 
 
 class EngineRunner:

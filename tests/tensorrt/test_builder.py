@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.export import Dim
 
-from pipeline.errors import CompileSpecError, UnsupportedOperatorError
+from pipeline.errors import CompileSpecError, RuntimeUnavailableError, UnsupportedOperatorError
 from pipeline.tensorrt import builder as builder_module
 from pipeline.tensorrt.builder import build_engine, builder_config, compute_capability_enum, optimization_profiles
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
@@ -189,3 +189,14 @@ def test_engine_records_build_time_and_layers() -> None:
 def test_unbounded_dynamic_dim_is_a_clear_error() -> None:
     with pytest.raises(CompileSpecError, match="has no upper bound; give torch.export Dim a max="):
         lower(Fn(lambda m, x: x * 2), (torch.randn(4, 3),), dynamic_shapes=(({0: Dim("batch")},),))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_engine_tensorrt_cannot_read_is_one_clear_error() -> None:
+    """Bytes that are no engine for this TensorRT and GPU (another version's, another GPU's, or
+    damaged past the blob's checks): the error names the toolchain and this GPU's capability."""
+    major, minor = torch.cuda.get_device_capability()
+    with pytest.raises(RuntimeUnavailableError, match=rf"could not deserialize the engine .* without this GPU's "
+                                                      rf"{major}\.{minor} \(compile.target_compute_capabilities\)"):
+        LoadedEngine(b"\x00" * 4096)
