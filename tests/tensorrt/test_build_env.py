@@ -111,4 +111,3 @@ def test_context_tensorrt_does_not_make_is_one_clear_error(monkeypatch: pytest.M
     with pytest.raises(RuntimeUnavailableError, match=r"made no execution context for this engine .*"
                                                       r"NVIDIA_TF32_OVERRIDE is 0 here"):
         runner(torch.randn(1, 3, 8, 8, device="cuda"))
-
