@@ -223,7 +223,12 @@ class EngineRunner:
 
     def _bind(self, name: str, address: int) -> None:
         if self._addresses.get(name) != address:
-            self.context.set_tensor_address(name, address)
+            # Refused, TensorRT would keep the tensor's previous address: the engine would read or
+            # write memory the caller no longer means. (TensorRT asks for 256-byte alignment.)
+            if not self.context.set_tensor_address(name, address):
+                raise RuntimeUnavailableError(
+                    f"TensorRT did not take the address of engine tensor {name!r} ({address:#x}, {address % 256} bytes "
+                    "past a 256-byte boundary; its error is in the log above)")
             self._addresses[name] = address
 
 

@@ -200,3 +200,26 @@ def test_engine_tensorrt_cannot_read_is_one_clear_error() -> None:
     with pytest.raises(RuntimeUnavailableError, match=rf"could not deserialize the engine .* without this GPU's "
                                                       rf"{major}\.{minor} \(compile.target_compute_capabilities\)"):
         LoadedEngine(b"\x00" * 4096)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_an_address_tensorrt_refuses_is_an_error_not_the_last_input() -> None:
+    """An input 4 bytes past an aligned address (a slice of a larger tensor), after an aligned one:
+    the engine reads it (the right answer) or the runner says TensorRT refused it; never the
+    previous call's input, which TensorRT would keep bound."""
+    program = _program()
+    built = build_engine(program, TensorRTCompileSpec())
+    runner = EngineRunner(built.engine, built.metadata.io_bindings)
+    model = program.module().cuda()
+    aligned = torch.randn(2, 3, 8, 8, device="cuda")
+    runner(aligned)
+    shifted = torch.randn(2 * 3 * 8 * 8 + 1, device="cuda")[1:].view(2, 3, 8, 8)
+    assert shifted.is_contiguous() and shifted.data_ptr() % 256 == 4
+    try:
+        (out,) = runner(shifted)
+    except RuntimeUnavailableError as exc:
+        assert "did not take the address of engine tensor" in str(exc)
+    else:
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, model(shifted), rtol=1e-2, atol=1e-2)
