@@ -57,8 +57,9 @@ class LoadedEngine:
         self.engine = self._runtime.deserialize_cuda_engine(engine)
         if self.engine is None:
             major, minor = torch.cuda.get_device_capability()
+            found = flavour()
             raise RuntimeUnavailableError(
-                f"{flavour().module} {flavour().version} could not deserialize the engine (its error is in the log above): "
+                f"{found.module} {found.version} could not deserialize the engine (its error is in the log above): "
                 f"built by another TensorRT version, or for compute capabilities without this GPU's {major}.{minor} "
                 "(compile.target_compute_capabilities); rebuild the program with this toolchain for this GPU")
 
