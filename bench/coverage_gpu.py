@@ -14,10 +14,10 @@ and they share the GPU). A measured model's programs are
 deleted (`--keep-programs` keeps them). Resumable: results stay under `--out`; a second run only
 does what is missing. Writes `<out>/coverage-gpu-<precision>.md` and `.json` after every model.
 
-The eager reference runs in strict fp32 (TF32 off); `--set compile.allow_tf32=false` clears the
-builder's TF32 flag for both engines (the ONNX parser's engine takes the same builder settings as
-ours), which TensorRT-RTX's convolutions ignore. TF32 off in the engines too: the variable for the
-whole command, so that the builds and the runs both see it (`pipeline/tensorrt/build_env.py`):
+The eager reference runs in strict fp32 (TF32 off). TF32 off in the engines too (ours and the
+parser's, which takes the same builder settings): the variable for the whole command, so that the
+builds and the runs both see it; TensorRT-RTX ignores the builder's TF32 flag
+(`pipeline/tensorrt/build_env.py`):
 
     python bench/coverage_gpu.py --precision fp32 --jobs 24 --workers-per-gpu 2
     NVIDIA_TF32_OVERRIDE=0 python bench/coverage_gpu.py timm/lcnet_050 --no-parser
@@ -388,7 +388,7 @@ def main() -> int:
     parser.add_argument("--slice", default="all")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override of every build, e.g. compile.allow_tf32=false (repeatable)")
+                        help="a config override of every build, e.g. compile.optimization_level=5 (repeatable)")
     parser.add_argument("--jobs", type=int, default=8, help="builds at a time")
     parser.add_argument("--gpus", type=int, default=None, help="GPUs to measure on (default: all)")
     parser.add_argument("--workers-per-gpu", type=int, default=2)

@@ -53,7 +53,7 @@ def build(hidden: int, layers: int, out: Path) -> list[dict[str, Any]]:
     from pipeline.export import save, stage
     from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 
-    spec = TensorRTCompileSpec(allow_tf32=False)
+    spec = TensorRTCompileSpec()
     start = time.perf_counter()
     mods = models(hidden, layers)
     big = compile_method(mods["forward"], (example(hidden),), spec, method="forward")

@@ -104,7 +104,6 @@ def check_converter(module: torch.nn.Module, inputs: Sequence[Any], precision: s
                     dynamic_shapes: Any = None, **spec: Any) -> EdgeProgramManager:
     """Lower a one-op model: everything in one engine, blob parses; on a GPU, numerics match eager."""
     torch.manual_seed(0)
-    spec.setdefault("allow_tf32", False)
     edge, _ = lower(module, inputs, TensorRTCompileSpec(precision=precision, **spec), dynamic_shapes=dynamic_shapes)
     assert leftover_ops(edge) == [], f"not delegated: {leftover_ops(edge)}"
     engines = tensorrt_engines(edge)

@@ -72,7 +72,7 @@ def test_running_without_gpu_names_what_is_needed() -> None:
 def test_engine_bearing_program_runs_in_pytorch_on_gpu() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
     x = torch.randn(4, 16)
-    program = compile_method(model, (x,), TensorRTCompileSpec(allow_tf32=False))
+    program = compile_method(model, (x,), TensorRTCompileSpec())
     out = program.module()(x.cuda())
     with torch.no_grad():
         assert_close(out, model(x), "fp32")

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/coverage"))
     parser.add_argument("--keep", action="store_true", help="keep every .pte under <out>/programs/")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override of every build, e.g. compile.allow_tf32=false (repeatable)")
+                        help="a config override of every build, e.g. compile.optimization_level=5 (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with reported():

@@ -84,7 +84,7 @@ def run_suite(entries: Iterable[Entry], precision: str, out: Path, jobs: int = 2
     """Rows of every entry (built, or kept from an earlier run with the same key); writes the table.
 
     Args:
-        overrides: config overrides of every build (Hydra syntax, e.g. "compile.allow_tf32=false").
+        overrides: config overrides of every build (Hydra syntax, e.g. "compile.optimization_level=5").
         keep: keep each program under `<out>/programs/<model>/<precision>/`.
         deadline: seconds after which no further build starts (the rows so far are returned).
         after: also run in each build's process, after the build (e.g. a reference build); picklable.

@@ -6,7 +6,9 @@ context only where the variable has the same value: an engine built without it a
 `NVIDIA_TF32_OVERRIDE=0` gets "Inconsistent setting of NVIDIA_TF32_OVERRIDE env var at build -1 and
 at execution 0" and no context (the H200, 2026-12-01, `docs/gpu-results.md`). With the variable at 0
 in both places the engine computes in strict fp32 (about 5x slower); it is the one way to switch
-TF32 off in TensorRT-RTX's convolutions.
+TF32 off: the builder's TF32 flag changes nothing (a convolution's error against float64 is 3.2e-4
+with the flag set or cleared, 5.8e-6 under the variable; the H200, 2026-12-01), so
+`compile.allow_tf32=false` is refused where the variable is not 0 (`require_tf32_off`).
 
 So the value is part of what an engine depends on (the toolchain record, the engine cache key),
 the blob records it (`BlobMetadata.tf32_override`), and the runtime compares it here before it asks
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from pipeline.errors import RuntimeUnavailableError
+from pipeline.errors import CompileSpecError, RuntimeUnavailableError
 
 VARIABLE = "NVIDIA_TF32_OVERRIDE"
 
@@ -25,6 +27,21 @@ VARIABLE = "NVIDIA_TF32_OVERRIDE"
 def current() -> str:
     """The variable's value in this process; "" when it is not set."""
     return os.environ.get(VARIABLE, "")
+
+
+def require_tf32_off(setting: str) -> None:
+    """Refuse `setting` (a compile option asking for fp32 without TF32, named for the message) unless
+    this process has the variable at 0: TensorRT-RTX would build a TF32 engine all the same.
+
+    Raises:
+        CompileSpecError: one line naming the variable and both fixes.
+    """
+    if current() != "0":
+        raise CompileSpecError(
+            f"{setting}: TensorRT-RTX ignores the TF32 builder flag (its fp32 convolutions stay TF32); only "
+            f"{VARIABLE}=0 switches TF32 off: build and run the program with {VARIABLE}=0 (now {_said(current())}), "
+            "or leave allow_tf32 true"
+        )
 
 
 def check(recorded: str | None, engine: str) -> None:

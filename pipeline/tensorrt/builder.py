@@ -4,7 +4,6 @@ it from an engine cache (`engine_cache.py`)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import tempfile
@@ -74,14 +73,15 @@ def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkD
 
     Raises:
         CompileSpecError: a field this TensorRT flavour cannot honour (e.g. compute capabilities
-            on standard TensorRT, or one TensorRT-RTX does not know).
+            on standard TensorRT, or one TensorRT-RTX does not know; allow_tf32=false on TensorRT-RTX
+            where NVIDIA_TF32_OVERRIDE is not 0).
     """
     t = trt()
     config = builder.create_builder_config()
     if not spec.allow_tf32:
-        config.clear_flag(t.BuilderFlag.TF32)
         if flavour().is_rtx:
-            _tf32_not_honoured()
+            build_env.require_tf32_off("compile.allow_tf32=false")
+        config.clear_flag(t.BuilderFlag.TF32)
     else:
         config.set_flag(t.BuilderFlag.TF32)
     config.builder_optimization_level = spec.optimization_level
@@ -96,14 +96,6 @@ def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkD
     for profile in optimization_profiles(builder, definition) if definition is not None else []:
         config.add_optimization_profile(profile)
     return config
-
-
-@functools.cache
-def _tf32_not_honoured() -> None:
-    """Said once a process: TensorRT-RTX computes fp32 convolutions at TF32 precision with the flag cleared
-    (the H200, 2026-11-29 and 2026-11-30: same error and same speed; `docs/gpu-results.md`)."""
-    log.warning("compile.allow_tf32=false: TensorRT-RTX keeps TF32 on for fp32 convolutions all the same (measured "
-                "on the H200); for strict fp32, build and run the program with %s=0", build_env.VARIABLE)
 
 
 def optimization_profiles(builder: Any, definition: NetworkDefinition) -> list[Any]:

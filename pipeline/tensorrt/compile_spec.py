@@ -31,9 +31,9 @@ class TensorRTCompileSpec:
     Attributes:
         precision: compute precision of float tensors inside the engine (fp32, fp16, bf16); engine
             inputs and outputs keep the program's dtypes.
-        allow_tf32: let fp32 matmuls and convolutions use TF32 (TensorRT-RTX keeps it on for
-            convolutions all the same; the build warns: only NVIDIA_TF32_OVERRIDE=0 where the program
-            is built and run switches it off, see `build_env.py`).
+        allow_tf32: let fp32 matmuls and convolutions use TF32 (TensorRT-RTX ignores the flag: only
+            NVIDIA_TF32_OVERRIDE=0 where the program is built and run switches TF32 off, so false is
+            refused there without it; see `build_env.py`).
         optimization_level: builder optimization level, 0..5.
         workspace_bytes: workspace memory-pool limit; None leaves TensorRT's default.
         min_block_size: smallest number of compute nodes worth an engine of their own.

@@ -119,7 +119,7 @@ def test_engine_only_methods_read_inputs_in_place_while_their_address_holds(tmp_
 @pytest.mark.parametrize("model", ZOO)
 def test_zoo_pte_matches_eager_on_gpu(model: str, precision: str, serialize: str, tmp_path: Path) -> None:
     """Engines as `.pte` segments (fp32) and in the `.ptd` (fp16), deserialized from the mapped file."""
-    cfg = _cfg(f"model={model}", f"compile.precision={precision}", "compile.allow_tf32=false", f"serialize={serialize}")
+    cfg = _cfg(f"model={model}", f"compile.precision={precision}", f"serialize={serialize}")
     files = run_all(cfg, tmp_path)
     assert ("ptd" in files) == (serialize == "external")
     program = load(files["pte"], files.get("ptd"))
@@ -139,7 +139,7 @@ def test_zoo_pte_matches_eager_on_gpu(model: str, precision: str, serialize: str
 @pytest.mark.gpu
 @pytest.mark.parametrize("size", [1, 8, 64])
 def test_dynamic_batch_min_opt_max_on_gpu(size: int, tmp_path: Path) -> None:
-    cfg = _cfg("model=mlp", "compile.allow_tf32=false")
+    cfg = _cfg("model=mlp")
     files = run_all(cfg, tmp_path)
     method = load(files["pte"]).method("forward")
     x = torch.randn(size, 64)
@@ -151,7 +151,7 @@ def test_dynamic_batch_min_opt_max_on_gpu(size: int, tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("cache", [1, 8, 100])
 def test_decoder_cache_lengths_on_gpu(cache: int, tmp_path: Path) -> None:
-    cfg = _cfg("model=tiny_decoder", "compile.allow_tf32=false")
+    cfg = _cfg("model=tiny_decoder")
     files = run_all(cfg, tmp_path)
     method = load(files["pte"]).method("decode")
     module = objects.model(cfg)
@@ -167,7 +167,7 @@ def test_decoder_cache_lengths_on_gpu(cache: int, tmp_path: Path) -> None:
 def test_repeated_calls_new_inputs_and_streams_on_gpu(cuda_graph: bool, tmp_path: Path) -> None:
     """Calls with new inputs, other shapes and from either stream each give fresh, right answers;
     outputs handed out earlier stay intact and the caller's inputs are never written."""
-    cfg = _cfg("model=mlp", "compile.allow_tf32=false")
+    cfg = _cfg("model=mlp")
     files = run_all(cfg, tmp_path)
     method = load(files["pte"], options=RuntimeOptions(cuda_graph=cuda_graph)).method("forward")
     module = objects.model(cfg)
@@ -192,7 +192,7 @@ def test_method_graph_replays_whole_methods_on_gpu(outside: list[str], tmp_path:
     """With `method_graph`, a method (engines alone, or engines with portable kernels between them)
     is captured once its input shapes repeat and replayed from then on: right answers for new
     inputs, for inputs written into its own buffers, and across shape changes."""
-    cfg = _cfg("model=mlp", "compile.allow_tf32=false", f"compile.torch_executed_ops={outside}")
+    cfg = _cfg("model=mlp", f"compile.torch_executed_ops={outside}")
     files = run_all(cfg, tmp_path)
     program = load(files["pte"], options=RuntimeOptions(method_graph=True))
     method = program.method("forward")
@@ -218,7 +218,7 @@ def test_engine_outputs_handed_out_without_copies_on_gpu(tmp_path: Path) -> None
     """An engine-only method hands out the tensors its engine wrote. Under a CUDA graph, a caller
     that lets each output go gets the next one at the same address (the graph stays as captured);
     once a caller holds one, the engine writes planned memory and the caller gets copies."""
-    cfg = _cfg("model=mlp", "compile.allow_tf32=false")
+    cfg = _cfg("model=mlp")
     files = run_all(cfg, tmp_path)
     method = load(files["pte"], options=RuntimeOptions(cuda_graph=True)).method("forward")
     module = objects.model(cfg).cuda()

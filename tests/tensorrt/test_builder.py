@@ -1,7 +1,6 @@
 """Every compile-spec field reaches the TensorRT builder: read back from the builder configuration,
 the network, the optimization profile, the timing-cache file or the built engine."""
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -9,7 +8,7 @@ import torch
 from torch.export import Dim
 
 from pipeline.errors import CompileSpecError, RuntimeUnavailableError, UnsupportedOperatorError
-from pipeline.tensorrt import builder as builder_module
+from pipeline.tensorrt import build_env
 from pipeline.tensorrt.builder import build_engine, builder_config, compute_capability_enum, optimization_profiles
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_runner import EngineRunner, LoadedEngine
@@ -32,7 +31,8 @@ def _config(spec: TensorRTCompileSpec, dynamic: bool = False):  # type: ignore[n
     return builder, definition, builder_config(builder, spec, definition)
 
 
-def test_scalar_fields_reach_builder_config() -> None:
+def test_scalar_fields_reach_builder_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(build_env.VARIABLE, "0")  # what allow_tf32=false asks of TensorRT-RTX
     spec = TensorRTCompileSpec(allow_tf32=False, optimization_level=1, workspace_bytes=1 << 26, max_aux_streams=3)
     _, _, config = _config(spec)
     t = trt()
@@ -45,15 +45,19 @@ def test_scalar_fields_reach_builder_config() -> None:
 
 
 @pytest.mark.skipif(not flavour().is_rtx, reason="TensorRT-RTX's TF32 behaviour")
-def test_tf32_off_says_once_that_tensorrt_rtx_keeps_it(caplog: pytest.LogCaptureFixture) -> None:
-    builder_module._tf32_not_honoured.cache_clear()  # said once a process: start this test's process afresh
-    with caplog.at_level(logging.WARNING, logger="pipeline.tensorrt"):
-        _config(TensorRTCompileSpec(allow_tf32=True))
-        assert not caplog.records
+@pytest.mark.parametrize("value", [None, "1"])
+def test_tf32_off_is_refused_where_tensorrt_rtx_would_keep_it(monkeypatch: pytest.MonkeyPatch,
+                                                               value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv(build_env.VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(build_env.VARIABLE, value)
+    _config(TensorRTCompileSpec(allow_tf32=True))
+    with pytest.raises(CompileSpecError) as err:
         _config(TensorRTCompileSpec(allow_tf32=False))
-        _config(TensorRTCompileSpec(allow_tf32=False))
-    said = [r.getMessage() for r in caplog.records]
-    assert len(said) == 1 and "NVIDIA_TF32_OVERRIDE=0" in said[0], said
+    said = str(err.value)
+    assert said.startswith("compile.allow_tf32=false: TensorRT-RTX ignores the TF32 builder flag"), said
+    assert "build and run the program with NVIDIA_TF32_OVERRIDE=0" in said and "\n" not in said, said
 
 
 @pytest.mark.parametrize("precision, trt_type", [("fp32", "FLOAT"), ("fp16", "HALF"), ("bf16", "BF16")])

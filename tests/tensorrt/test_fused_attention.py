@@ -216,8 +216,7 @@ def test_the_fused_attention_engine_matches_eager_on_gpu(module: torch.nn.Module
     dtype = torch.float16 if precision == "fp16" else torch.float32
     module = module.to(dtype)
     inputs = tuple(torch.randn(2, 4, 6, 8, dtype=dtype) for _ in range(3))
-    program = compile_program(export_method(module, inputs), inputs, TensorRTCompileSpec(precision=precision,
-                                                                                          allow_tf32=False))
+    program = compile_program(export_method(module, inputs), inputs, TensorRTCompileSpec(precision=precision))
     calls = [n for n in program.graph.nodes if is_engine_call(n)]
     assert len(calls) == 1
     with torch.no_grad():

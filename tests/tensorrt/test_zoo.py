@@ -28,7 +28,7 @@ ZOO = {"mobilenet_v3_small": mobilenet_v3_small, "resnet18": resnet18}
 def test_vision_model_is_one_engine(name: str, precision: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     model = ZOO[name]()
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
-    edge, part = lower(model, (x,), TensorRTCompileSpec(precision=precision, allow_tf32=False))
+    edge, part = lower(model, (x,), TensorRTCompileSpec(precision=precision))
     assert leftover_ops(edge) == [] and part.record.refused == {}
     assert len(tensorrt_blobs(edge)) == 1
     path = tmp_path / f"{name}.pte"
