@@ -71,13 +71,22 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
     ctx.constants.update((n, v) for n in source.graph.find_nodes(op="placeholder")
                          if (v := source.constants.get(n.name)) is not None)
     for node in source.graph.nodes:
+        first = network.num_layers
         if node.op == "placeholder":
             ctx.values[node] = _placeholder(ctx, node, bindings, profiles)
         elif node.op == "call_function":
             ctx.values[node] = _convert(ctx, node)
         elif node.op == "output":
             _mark_outputs(ctx, node, bindings)
+        _name_layers(network, first, node.name)
     return NetworkDefinition(network, ctx, tuple(bindings), profiles if profiles[0] else [])
+
+
+def _name_layers(network: Any, first: int, name: str) -> None:
+    """Name the layers from `first` on after the program node that made them (`name`, `name/1`, ...):
+    engine inspectors, kernel profiles and TensorRT-RTX's plans then say which op each came from."""
+    for i in range(first, network.num_layers):
+        network.get_layer(i).name = name if i == first else f"{name}/{i - first}"
 
 
 def _check_profiles(spec: TensorRTCompileSpec, ranges: dict[Any, Any]) -> None:
