@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> float | None:
             write_json(tmp / "params.json", container)
             metrics = json.loads(files["metrics"].read_text())
         log.info("wrote %s", ", ".join(str(out / p.relative_to(tmp)) for p in files.values()))
-    return objective(metrics, float(cfg.runtime.max_rel_error))
+    return objective(metrics)
 
 
 def cli() -> None:

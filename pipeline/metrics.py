@@ -17,7 +17,8 @@ def summary(cfg: Mapping[str, Any], program_dir: Path, report: Mapping[str, Any]
 
     Keys: pte_mb, ptd_mb, engines and engine_mb (distinct engines stored, their bytes), outside (ops
     left to other backends or kernels), build_s (compile step), cache_hits (engines the compile step
-    took from the engine cache), rel_err (worst method), ms or <method>_ms (median call, GPU only).
+    took from the engine cache), rel_err (worst method) and rel_err_ok (1: every method within
+    runtime.max_rel_error), ms or <method>_ms (median call, GPU only).
     """
     files = {p.suffix: p.stat().st_size for p in program_dir.iterdir()}
     # Engines as the program stores them: once each, however many delegates of any method call one.
@@ -36,6 +37,7 @@ def summary(cfg: Mapping[str, Any], program_dir: Path, report: Mapping[str, Any]
     errors = [m["max_rel_error"] for m in methods.values() if m.get("max_rel_error") is not None]
     if errors:
         out["rel_err"] = float(f"{max(errors):.3g}")
+        out["rel_err_ok"] = int(all(m.get("within_tolerance", True) for m in methods.values()))
     for name, m in methods.items():
         if m.get("median_ms") is not None:
             out["ms" if len(methods) == 1 else f"{name}_ms"] = round(float(m["median_ms"]), 4)

@@ -64,15 +64,14 @@ def write_summary(sweep_dir: Path) -> list[dict[str, Any]]:
 PENALTY = 1e9
 
 
-def objective(metrics: Mapping[str, Any], max_rel_error: float) -> float | None:
+def objective(metrics: Mapping[str, Any]) -> float | None:
     """What an autotune minimizes: the build's measured milliseconds per call (summed over methods),
-    or `PENALTY` when its error against eager PyTorch exceeds `max_rel_error`; None without a GPU
-    measurement."""
+    or `PENALTY` unless the validate step found every method within `runtime.max_rel_error` of eager
+    PyTorch (`rel_err_ok`); None without a GPU measurement."""
     latency = [float(v) for k, v in metrics.items() if k == "ms" or k.endswith("_ms")]
     if not latency:
         return None
-    error = metrics.get("rel_err")
-    return PENALTY if error is None or float(error) > max_rel_error else sum(latency)
+    return sum(latency) if metrics.get("rel_err_ok") == 1 else PENALTY
 
 
 def check_autotune(config: DictConfig) -> None:

@@ -15,13 +15,15 @@ import torch
 from pipeline.config import objects
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.runtime import load
+from pipeline.tensorrt import build_env
 from pipeline.tensorrt.engine_runner import RuntimeOptions
 
 log = logging.getLogger(__name__)
 
 
 def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dict[str, Any]:
-    """Per-method error metrics of `pte` against eager PyTorch.
+    """Per-method error metrics of `pte` against eager PyTorch; a method further from it than
+    `runtime.max_rel_error` is marked (`within_tolerance`) and named in a warning.
 
     A method the runtime cannot execute here (no GPU for TensorRT delegates) gets `runtime: null`
     and the reason, not an error: CPU-only machines still build and check everything else. A method
@@ -32,6 +34,7 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
                              bool(cfg["runtime"].get("method_graph", False)))
     model = objects.model(cfg)
     seed = int(cfg["runtime"]["validation_seed"])
+    tolerance = float(cfg["runtime"]["max_rel_error"])
     metrics: dict[str, Any] = {"files": {"pte_bytes": pte.stat().st_size, "ptd_bytes": ptd.stat().st_size if ptd else 0}}
     refs, notes = {}, {}
     for name, spec in cfg["model"]["methods"].items():
@@ -56,10 +59,23 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
             continue
         abs_err = max(float((o.cpu().float() - r.float()).abs().max()) for o, r in zip(outs, expected))
         scale = max(float(r.float().abs().max()) for r in expected)
+        rel_err = abs_err / scale if scale else abs_err
         methods[name] = {"runtime": f"pipeline.runtime ({program.device.type})", "max_abs_error": abs_err,
-                         "max_rel_error": abs_err / scale if scale else abs_err,
+                         "max_rel_error": rel_err, "within_tolerance": rel_err <= tolerance,
                          "median_ms": _median_ms(program.method(name), list(inputs)), **notes.get(name, {})}
+        if rel_err > tolerance:
+            log.warning("validate: %s", _beyond(cfg, name, rel_err, tolerance, program.device.type))
     return {**metrics, "methods": methods}
+
+
+def _beyond(cfg: Mapping[str, Any], method: str, rel_err: float, tolerance: float, device: str) -> str:
+    """The line said when a method is further from eager PyTorch than the build allows (run on `device`)."""
+    said = (f"method {method!r} is {rel_err:.3g} from eager PyTorch (relative to its largest output), above "
+            f"runtime.max_rel_error={tolerance:g}")
+    if device == "cuda" and cfg["compile"]["precision"] == "fp32" and build_env.current() != "0":
+        said += (f"; on TensorRT-RTX, fp32 engines compute convolutions in TF32 unless the program is built and run "
+                 f"with {build_env.VARIABLE}=0")
+    return said
 
 
 def constant_output(out: torch.Tensor) -> bool:
