@@ -21,7 +21,7 @@ from pipeline.files import write_bytes, write_json
 
 log = logging.getLogger("pipeline")
 # Columns first in this order; other metrics (per-method latencies) follow by name.
-_ORDER = ["pte_mb", "ptd_mb", "engines", "engine_mb", "outside", "build_s", "cache_hits", "rel_err", "ms"]
+_ORDER = ["pte_mb", "ptd_mb", "engines", "engine_mb", "outside", "build_s", "cache_hits", "rel_err", "rel_err_ok", "ms"]
 
 
 def rows(sweep_dir: Path) -> list[dict[str, Any]]:
