@@ -20,17 +20,28 @@ def make():
 """
 
 
+def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, source: str, run: str, *overrides: str) -> Path:
+    """Write `source` as `module`, build `run` from it with validation; its build folder."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENV, module)
+    cfg = OmegaConf.to_container(compose(list(overrides)), resolve=True)
+    run_all(cfg, tmp_path / run, validate=True)  # type: ignore[arg-type]
+    return tmp_path / run
+
+
+def _forward(build: Path) -> dict:
+    return json.loads((build / "validation.json").read_text())["methods"]["forward"]
+
+
 def test_a_constant_reference_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        caplog: pytest.LogCaptureFixture) -> None:
-    (tmp_path / "zerohead.py").write_text(ZERO_HEAD)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv(ENV, "zerohead")
     notes = {}
-    for init in ("factory", "every_layer"):
-        cfg = OmegaConf.to_container(compose(["model._target_=zerohead.make", f"model.init={init}"]), resolve=True)
-        with caplog.at_level(logging.WARNING, logger="pipeline.validate"):
-            run_all(cfg, tmp_path / init, validate=True)  # type: ignore[arg-type]
-        notes[init] = json.loads((tmp_path / init / "validation.json").read_text())["methods"]["forward"].get("note")
+    with caplog.at_level(logging.WARNING, logger="pipeline.validate"):
+        for init in ("factory", "every_layer"):
+            build = _build(tmp_path, monkeypatch, "zerohead", ZERO_HEAD, init, "model._target_=zerohead.make",
+                           f"model.init={init}")
+            notes[init] = _forward(build).get("note")
     assert notes["every_layer"] is None
     assert notes["factory"].startswith("every output of eager forward is one constant")
     assert "model.init=every_layer" in notes["factory"] and caplog.text.count("is one constant") == 1
@@ -53,17 +64,14 @@ def same():
 def test_a_program_beyond_the_tolerance_is_marked_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     """On the CPU: the multiplication is kept out of TensorRT, so the program has no engine and runs."""
-    (tmp_path / "scaled.py").write_text(EXPORT_DIFFERS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv(ENV, "scaled")
     found = {}
-    for factory in ("differs", "same"):
-        cfg = OmegaConf.to_container(compose([f"model._target_=scaled.{factory}", "compile.torch_executed_ops=[aten.mul]"]),
-                                     resolve=True)
-        with caplog.at_level(logging.WARNING, logger="pipeline.validate"):
-            files = run_all(cfg, tmp_path / factory, validate=True)  # type: ignore[arg-type]
-        method = json.loads((tmp_path / factory / "validation.json").read_text())["methods"]["forward"]
-        found[factory] = (method["runtime"], method["within_tolerance"], json.loads(files["metrics"].read_text())["rel_err_ok"])
+    with caplog.at_level(logging.WARNING, logger="pipeline.validate"):
+        for factory in ("differs", "same"):
+            build = _build(tmp_path, monkeypatch, "scaled", EXPORT_DIFFERS, factory, f"model._target_=scaled.{factory}",
+                           "compile.torch_executed_ops=[aten.mul]")
+            method = _forward(build)
+            found[factory] = (method["runtime"], method["within_tolerance"],
+                              json.loads((build / "metrics.json").read_text())["rel_err_ok"])
     assert found == {"differs": ("pipeline.runtime (cpu)", False, 0), "same": ("pipeline.runtime (cpu)", True, 1)}, found
     said = [r.getMessage() for r in caplog.records if "max_rel_error" in r.getMessage()]
     assert said == ["validate: method 'forward' is 0.5 from eager PyTorch (relative to its largest output), above "
