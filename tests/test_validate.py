@@ -58,6 +58,8 @@ def differs():
     return Scaled(3.0)
 def same():
     return Scaled(2.0)
+def nan():
+    return Scaled(float("nan"))
 """
 
 
@@ -66,13 +68,14 @@ def test_a_program_beyond_the_tolerance_is_marked_and_named(tmp_path: Path, monk
     """On the CPU: the multiplication is kept out of TensorRT, so the program has no engine and runs."""
     found = {}
     with caplog.at_level(logging.WARNING, logger="pipeline.validate"):
-        for factory in ("differs", "same"):
+        for factory in ("differs", "same", "nan"):
             build = _build(tmp_path, monkeypatch, "scaled", EXPORT_DIFFERS, factory, f"model._target_=scaled.{factory}",
                            "compile.torch_executed_ops=[aten.mul]")
             method = _forward(build)
             found[factory] = (method["runtime"], method["within_tolerance"],
                               json.loads((build / "metrics.json").read_text())["rel_err_ok"])
-    assert found == {"differs": ("pipeline.runtime (cpu)", False, 0), "same": ("pipeline.runtime (cpu)", True, 1)}, found
+    cpu = "pipeline.runtime (cpu)"
+    assert found == {"differs": (cpu, False, 0), "same": (cpu, True, 1), "nan": (cpu, False, 0)}, found
     said = [r.getMessage() for r in caplog.records if "max_rel_error" in r.getMessage()]
-    assert said == ["validate: method 'forward' is 0.5 from eager PyTorch (relative to its largest output), above "
-                    "runtime.max_rel_error=0.02"], said
+    assert said == [f"validate: method 'forward' is {error} from eager PyTorch (relative to its largest output), above "
+                    "runtime.max_rel_error=0.02" for error in ("0.5", "nan")], said
