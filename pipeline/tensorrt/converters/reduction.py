@@ -209,14 +209,13 @@ def vector_norm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwarg
     dims = v.arg(node, 2, "dim")
     dims = list(range(rank)) if dims is None or len(dims) == 0 else list(dims)
     keepdim = bool(v.arg(node, 3, "keepdim", False))
+    if order == 2:  # x * x is |x| * |x|
+        return unary(ctx, _reduce(ctx, node, elementwise(ctx, ew_ops().PROD, x, x), "SUM", dims, keepdim), unary_ops().SQRT)
     magnitude = unary(ctx, x, unary_ops().ABS)
     if math.isinf(order):
         return _reduce(ctx, node, magnitude, "MAX" if order > 0 else "MIN", dims, keepdim)
     if order == 1:
         return _reduce(ctx, node, magnitude, "SUM", dims, keepdim)
-    powered = elementwise(ctx, ew_ops().POW, magnitude, ctx.tensor(order, like=magnitude)) if order != 2 else \
-        elementwise(ctx, ew_ops().PROD, magnitude, magnitude)
+    powered = elementwise(ctx, ew_ops().POW, magnitude, ctx.tensor(order, like=magnitude))
     total = _reduce(ctx, node, powered, "SUM", dims, keepdim)
-    if order == 2:
-        return unary(ctx, total, unary_ops().SQRT)
     return elementwise(ctx, ew_ops().POW, total, ctx.tensor(1.0 / order, like=total))
