@@ -1,4 +1,5 @@
-"""The validate step says when its comparison cannot show a wrong engine."""
+"""The validate step says when its comparison cannot show a wrong engine, and when a program is
+further from eager PyTorch than the build allows."""
 
 import json
 import logging
