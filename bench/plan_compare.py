@@ -48,7 +48,7 @@ def streams(plan: bytes) -> int:
     return max((int(n) for n in re.findall(rb"n_streams = (\d+)", plan)), default=1)
 
 
-def ours(setup: Setup, entry: Entry) -> bytes:
+def our_plan(setup: Setup, entry: Entry) -> bytes:
     """Our engine of `entry`, compiled as the compile step compiles it (one engine: the suite lowers whole)."""
     from pipeline.compile import compile_method
     from pipeline.config import objects
@@ -62,7 +62,8 @@ def ours(setup: Setup, entry: Entry) -> bytes:
     return found[0].numpy().tobytes()
 
 
-def parsers(setup: Setup, entry: Entry) -> bytes:
+def parser_plan(setup: Setup, entry: Entry) -> bytes:
+    """The ONNX parser's engine of `entry`, with our builder settings."""
     onnx_engine(setup, entry)
     folder = setup.folder(entry)
     if not (folder / "onnx.engine").exists():
@@ -95,7 +96,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         setup = Setup(args.precision, tuple(args.overrides), Path(tmp))
         for entry in select(args.models):
-            result = compare({"ours": ours(setup, entry), "parser": parsers(setup, entry)})
+            result = compare({"ours": our_plan(setup, entry), "parser": parser_plan(setup, entry)})
             print(f"## {entry.name}")
             print(f"streams: ours {result['streams']['ours']}, parser {result['streams']['parser']}; "
                   f"kernels: ours {result['kernels']['ours']}, parser {result['kernels']['parser']}")

@@ -32,9 +32,7 @@ def record(target_compute_capabilities: Sequence[str] = ()) -> dict[str, Any]:
         "packages": dict(sorted(versions.items())),
         "target_compute_capabilities": list(target_compute_capabilities),
     }
-    tf32_override = build_env.current()
-    if tf32_override:  # unset: no key, so records written before it was read stay equal
-        out[build_env.VARIABLE] = tf32_override
+    out.update(build_env.setting())
     extra = os.environ.get("PIPELINE_TOOLCHAIN_EXTRA")
     if extra:  # what the record cannot see itself, e.g. a container image or driver tag
         out["extra"] = extra

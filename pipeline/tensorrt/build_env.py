@@ -29,6 +29,13 @@ def current() -> str:
     return os.environ.get(VARIABLE, "")
 
 
+def setting() -> dict[str, str]:
+    """The variable as a toolchain record keeps it: {VARIABLE: value} where set, else nothing (so
+    records written before it was read stay equal)."""
+    here = current()
+    return {VARIABLE: here} if here else {}
+
+
 def require_tf32_off(setting: str) -> None:
     """Refuse `setting` (a compile option asking for fp32 without TF32, named for the message) unless
     this process has the variable at 0: TensorRT-RTX would build a TF32 engine all the same.

@@ -159,8 +159,7 @@ class EngineCache:
 def toolchain_id() -> str:
     """TensorRT flavour and version, platform, a digest of `pipeline.tensorrt`'s source, and
     `NVIDIA_TF32_OVERRIDE` where it is set (the engine keeps it: `build_env.py`)."""
-    here = build_env.current()
-    return _toolchain_id() + (f";{build_env.VARIABLE}={here}" if here else "")
+    return _toolchain_id() + "".join(f";{name}={value}" for name, value in build_env.setting().items())
 
 
 @functools.cache
