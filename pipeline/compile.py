@@ -18,7 +18,7 @@ from pipeline.errors import UnsupportedOperatorError
 from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
 from pipeline.tensorrt.builder import build_engine, profile_count
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.constant_fold import attr, content_digest, fold_constants, written_buffers
+from pipeline.tensorrt.constant_fold import ENGINE_COMPUTES, attr, content_digest, fold_constants, written_buffers
 from pipeline.tensorrt.engine_cache import EngineCache
 from pipeline.tensorrt.fused_attention import fuse_attention
 from pipeline.tensorrt.grouped_query import share_kv_heads
@@ -127,6 +127,9 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
     """Each claimable block becomes one engine call; the buffers in `state` (those the program
     writes) reach engines as inputs at run time, the other buffers and weights are built in."""
     blocks, refused = propose(gm, spec)
+    if _constant_work_left(gm, blocks, state):
+        fold_constants(gm, state, computes=())
+        blocks, refused = propose(gm, spec)
     mark_refused(gm, refused)
     fused = fuse_by_partitions(gm, [dict.fromkeys(block) for block in blocks], prefix="fused_")
     calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
@@ -138,6 +141,20 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
     fused.delete_all_unused_submodules()
     fused.recompile()
     return count
+
+
+def _constant_work_left(gm: torch.fx.GraphModule, blocks: list[list[torch.fx.Node]], state: frozenset[str]) -> bool:
+    """Whether an operator that folding left to the engines (`ENGINE_COMPUTES`) is in no block that reads
+    a runtime value: an engine without inputs, or a portable kernel recomputing a constant each call."""
+    def runtime(node: torch.fx.Node) -> bool:
+        return node.op != "get_attr" or str(node.target) in state
+
+    left = {n for n in gm.graph.nodes if n.target in ENGINE_COMPUTES and not any(map(runtime, n.all_input_nodes))}
+    for block in blocks:
+        inside = set(block)
+        if any(runtime(i) for n in block for i in n.all_input_nodes if i not in inside):
+            left -= inside
+    return bool(left)
 
 
 def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],

@@ -3,7 +3,9 @@ buffers the program never writes, literals) is computed once at compile time and
 of the program. Position ids, attention masks and relative-position tables that models build in
 `forward` then cost nothing at run time, and never leave an op without a converter, or an engine
 without inputs, behind. A buffer the program writes (a KV cache, a step counter) is state, never a
-constant: its value is the last call's."""
+constant: its value is the last call's. A convolution stays an operator even on constants: TensorRT runs
+it as any convolution, and the engine's schedule is built around it (see `ENGINE_COMPUTES`); where
+one would be in no engine that has a runtime input, the compile step folds them all after all."""
 
 from __future__ import annotations
 
@@ -19,16 +21,25 @@ from torch._ops import OpOverload
 # rather than growing the program by a constant much larger than its inputs.
 MAX_FOLDED_BYTES = 1 << 26
 
+# Operators the engine computes even when every input is a constant (their inputs are folded). Measured
+# on the H200 (docs/gpu-results.md, 2026-12-01): XCiT's position encoding is a convolution on a grid
+# made in `forward`; folded, TensorRT-RTX schedules the engine on one stream and it runs 1.11x as long as
+# the ONNX parser's engine (which keeps the convolution); kept, the engine gets the parser's second
+# stream and runs 0.99x as long.
+ENGINE_COMPUTES = frozenset({torch.ops.aten.convolution.default})
 
-def fold_constants(gm: torch.fx.GraphModule, state: Collection[str] = ()) -> int:
+
+def fold_constants(gm: torch.fx.GraphModule, state: Collection[str] = (),
+                   computes: Collection[OpOverload] = ENGINE_COMPUTES) -> int:
     """Replace constant-only subgraphs of `gm` (an unlifted module) by constants; returns how many
-    constants were made. The buffers `gm` writes, and those in `state`, are not constants."""
+    constants were made. The buffers `gm` writes, and those in `state`, are not constants; the
+    operators in `computes` stay (their constant inputs are folded)."""
     values: dict[torch.fx.Node, Any] = {}
     state = written_buffers(gm) | frozenset(state)
     for node in gm.graph.nodes:
         if node.op == "get_attr" and str(node.target) not in state:
             values[node] = attr(gm, str(node.target))
-        elif _foldable(node) and all(n in values for n in node.all_input_nodes):
+        elif _foldable(node) and node.target not in computes and all(n in values for n in node.all_input_nodes):
             args, kwargs = torch.fx.map_arg((node.args, node.kwargs), values.__getitem__)
             with torch.no_grad():
                 result = node.target(*args, **kwargs)  # type: ignore[operator]

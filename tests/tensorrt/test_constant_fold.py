@@ -1,9 +1,11 @@
 """Constant folding in the compile step: what models compute from constants in `forward` (position
 ids, masks, relative-position tables, standardized weights) becomes a constant before partitioning."""
 
+import pytest
 import torch
 
 from pipeline.compile import compile_method
+from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.constant_fold import fold_constants
 from pipeline.tensorrt.engine_op import is_engine_call
 from tests.helpers import GPU, assert_close
@@ -59,3 +61,41 @@ def test_large_results_stay_operators() -> None:
     fold_constants(gm)
     sizes = [getattr(gm, n.target).numel() for n in gm.graph.nodes if n.op == "get_attr"]
     assert max(sizes) <= 1 << 24
+
+
+class PositionEncoding(torch.nn.Module):
+    """XCiT's pattern: a convolution on a grid `forward` computes from constants, added to the input;
+    `alone` returns the encoding by itself (the input unread)."""
+
+    def __init__(self, alone: bool = False) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 16, 1)
+        self.alone = alone
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        grid = torch.arange(16.0).view(1, 1, 4, 4).expand(1, 8, 4, 4).sin()
+        encoding = self.conv(grid)
+        return encoding if self.alone else x + encoding
+
+
+def test_convolutions_on_constants_stay_in_the_engine() -> None:
+    model, x = PositionEncoding().eval(), torch.randn(1, 16, 4, 4)
+    gm = torch.export.export(model, (x,)).run_decompositions().module()
+    fold_constants(gm)
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops == ["aten.convolution.default", "aten.add.Tensor"]  # the grid folded, the convolution kept
+    program = compile_method(model, (x,))
+    assert [n for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n)
+            and "getitem" not in str(n.target)] == []
+    if GPU:
+        assert_close(program.module()(x.cuda()), model(x), "fp32")
+
+
+@pytest.mark.parametrize(("alone", "min_block_size"), [(True, 1), (False, 3)], ids=["no-input", "below-min-block"])
+def test_convolutions_on_constants_no_engine_takes_with_an_input_are_folded(alone: bool, min_block_size: int) -> None:
+    """An engine of the encoding alone would have no input; a block below min_block_size would leave a
+    portable convolution recomputing a constant every call."""
+    model, x = PositionEncoding(alone).eval(), torch.randn(1, 16, 4, 4)
+    program = compile_method(model, (x,), TensorRTCompileSpec(min_block_size=min_block_size))
+    assert not any("convolution" in str(n.target) or is_engine_call(n) for n in program.graph.nodes)
+    torch.testing.assert_close(program.module()(x), model(x))
