@@ -2,7 +2,8 @@
 serialize and validate in-process for one composed config, writing into Hydra's run directory;
 `python -m pipeline -m compile.precision=fp32,fp16 model=mlp,resnet18` sweeps with multirun.
 
-Before Hydra starts, arguments that would name code and malformed YAML are refused; the run
+Before Hydra starts, arguments that would name code and malformed YAML are refused and every
+value a sweep takes is composed and checked (`pipeline.cli.job_overrides`); the run
 directory is claimed by `pipeline.run_dir.RunDirGuard` (see `conf/config.yaml`); outputs move into
 it only when complete. Errors are one line (`PIPELINE_DEBUG=1` for tracebacks)."""
 
@@ -17,8 +18,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cli import check_arguments, check_yaml, reported
-from pipeline.config.compose import CONF_DIR
+from pipeline.cli import check_arguments, check_yaml, job_overrides, reported
+from pipeline.config.compose import CONF_DIR, compose
 from pipeline.config.schema import register_configs
 from pipeline.config.validate import validate
 from pipeline.files import write_json
@@ -47,11 +48,14 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def cli() -> None:
-    """Check the command line and `conf/`, then run the Hydra app."""
+    """Check the command line, `conf/` and the config of every value a sweep takes (one line each,
+    before Hydra starts), then run the Hydra app."""
     with reported():
         check_arguments(sys.argv[1:])
         check_yaml(CONF_DIR)
         register_configs()
+        for overrides in job_overrides(sys.argv[1:]) or []:
+            compose(overrides)
     main()
 
 

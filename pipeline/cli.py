@@ -20,9 +20,21 @@ from pipeline.errors import ConfigError, PipelineError
 DEBUG_ENV = "PIPELINE_DEBUG"
 # Hydra flags that would compose configs from outside `conf/`, or unpickle a file (--experimental-rerun).
 _FOREIGN_FLAGS = ("-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun")
-# Hydra keys whose values Hydra itself turns into code (callbacks, launchers, logging handlers).
-# (Choosing one of Hydra's own option files, such as hydra/job_logging=disabled, stays allowed.)
-_CODE_KEYS = re.compile(r"^hydra\.(callbacks|job_logging|hydra_logging)\b|^hydra/callbacks\b|^hydra\..*(_target_|\(\)|\bclass\b)")
+# The only Hydra settings a command line may change: where runs write, and the launcher's and
+# sweeper's plain options. Everything else (search path, job environment, job name, output subdir,
+# callbacks, logging handlers) stays as conf/ sets it: each can run code, set the environment the
+# trusted modules come from, or write outside the run directory.
+_HYDRA_KEYS = re.compile(r"^hydra\.(run\.dir|sweep\.dir|sweep\.subdir|verbose|mode|job\.chdir|launcher\.\S+|sweeper\.\S+)$")
+_HYDRA_GROUPS = ("hydra/launcher", "hydra/sweeper", "hydra/job_logging", "hydra/hydra_logging")
+_LOGGING_OPTIONS = ("default", "disabled", "none", "stdout", "hydra_debug")  # Hydra's own logging configs
+# Hydra flags followed by a value.
+_VALUE_FLAGS = ("-cn", "--config-name", "-p", "--package", "-c", "--cfg", "--info")
+# Launcher and sweeper options that name code or shell commands (submitit's setup, Ray's runtime
+# environment and hooks, Optuna's custom search space) or pick classes (`_target_`).
+_CODE_OPTIONS = re.compile(r"_target_|\(\)|\bclass\b|setup|runtime_env|hook|callback|custom_search_space|\benv\b")
+# Interpolations a run or sweep directory may use (`${now:...}`, `${hydra.job.num}`); no other
+# override takes one: an interpolation can pull a `_target_` into a node Hydra instantiates.
+_DIR_INTERPOLATION = re.compile(r"\$\{(now:[^}]*|hydra\.job\.[a-z_]+|hydra\.runtime\.choices\.[^}]*)\}")
 
 
 @contextmanager
@@ -66,15 +78,71 @@ def check_yaml(conf_dir: str | Path) -> None:
 
 
 def check_arguments(args: Sequence[str]) -> None:
-    """Refuse command-line arguments that would name code or read configs from outside `conf/`."""
+    """Refuse command-line arguments that would name code, change the environment or write outside
+    the run directory, or read configs from outside `conf/`.
+
+    Raises:
+        ConfigError: naming the argument and what to do instead.
+    """
     for arg in args:
         if arg.split("=", 1)[0] in _FOREIGN_FLAGS:
             raise ConfigError(f"{arg.split('=', 1)[0]} is not supported: the pipeline composes only its own conf/ "
                               "(select options and experiments with overrides such as +experiment=NAME)")
-        key = arg.lstrip("+~").split("=", 1)[0]
+        if arg.startswith("-"):
+            continue
+        key, _, value = arg.lstrip("+~").partition("=")
         if key.startswith("allowed_target_prefixes"):
             raise ConfigError("allowed_target_prefixes is not a config key: trusted modules come from "
                               "$PIPELINE_TRUSTED_MODULES, which configs and overrides cannot set")
-        if _CODE_KEYS.search(key) or (key.startswith("hydra.") and re.search(r"_target_|\(\)|\bclass\b", arg)):
-            raise ConfigError(f"override {arg!r} would make Hydra run code named on the command line; "
-                              "configure callbacks, launchers and logging in conf/ instead")
+        if key.startswith("hydra"):
+            _check_hydra(arg, key, value)
+        elif "${" in value:
+            raise ConfigError(f"override {arg!r} holds an interpolation; give the value itself (interpolations "
+                              "come from conf/ only)")
+
+
+def _check_hydra(arg: str, key: str, value: str) -> None:
+    if key.startswith("hydra/"):
+        if key not in _HYDRA_GROUPS:
+            raise ConfigError(f"override {arg!r}: the command line chooses only {', '.join(_HYDRA_GROUPS)} among "
+                              "Hydra's groups; the others stay as conf/ sets them")
+        if key.endswith("_logging") and value not in _LOGGING_OPTIONS:
+            raise ConfigError(f"override {arg!r}: logging configs are Hydra's own ({', '.join(_LOGGING_OPTIONS)})")
+        return
+    if not _HYDRA_KEYS.match(key):
+        raise ConfigError(f"override {arg!r} would change Hydra's own settings (search path, job environment, job "
+                          "name, output subdir, callbacks, logging), which conf/ fixes; the command line sets only "
+                          "hydra.run.dir, hydra.sweep.dir/subdir, hydra.verbose, hydra.job.chdir and hydra.launcher.* "
+                          "or hydra.sweeper.* options")
+    if _CODE_OPTIONS.search(key) or re.search(r"_target_|\(\)|\bclass\b", value):
+        raise ConfigError(f"override {arg!r} would make Hydra run code named on the command line; "
+                          "configure callbacks, launchers and logging in conf/ instead")
+    if "${" in _DIR_INTERPOLATION.sub("", value):
+        raise ConfigError(f"override {arg!r} holds an interpolation; Hydra settings from the command line take "
+                          "plain values (run and sweep directories also ${now:...} and ${hydra.job.*})")
+
+
+def job_overrides(args: Sequence[str]) -> list[list[str]] | None:
+    """The pipeline overrides (Hydra's own left out) of jobs that together take every value of every
+    enumerable sweep (`a,b`, `range(...)`, `choice(...)`; other sweeps keep their defaults), so that
+    a multirun's values are checked before any job runs; None when another primary config is named.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    plain, skip = [], False
+    for arg in args:
+        if arg in ("-cn", "--config-name") or arg.startswith("--config-name="):
+            return None
+        if not skip and not arg.startswith("-") and not arg.lstrip("+~").startswith("hydra"):
+            plain.append(arg)
+        skip = arg in _VALUE_FLAGS
+    parsed = OverridesParser.create().parse_overrides(plain)
+    fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
+    sweeps = [o for o in parsed if o.is_sweep_override() and o.is_discrete_sweep()
+              and getattr(o.value_type, "name", "") != "GLOB_CHOICE_SWEEP"]
+    choices = [[f"{str(o.input_line).split('=', 1)[0]}={v}" for v in o.sweep_string_iterator()] for o in sweeps]
+    first = [c[0] for c in choices if c]
+    jobs = [fixed + first]
+    for i, values in enumerate(choices):
+        jobs += [fixed + first[:i] + [v] + first[i + 1:] for v in values[1:]]
+    return jobs

@@ -15,6 +15,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from pipeline.errors import UnsupportedOperatorError
+from pipeline.input_values import set_input_values, value_bounds
 from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
 from pipeline.tensorrt.builder import build_engine, profile_count
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
@@ -30,7 +31,7 @@ log = logging.getLogger("pipeline.compile")
 
 def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec: TensorRTCompileSpec | None = None,
                    dynamic_shapes: Any = None, method: str = "forward", cache: EngineCache | None = None,
-                   state: Collection[str] = ()) -> ExportedProgram:
+                   state: Collection[str] = (), input_values: Sequence[tuple[int, int] | None] = ()) -> ExportedProgram:
     """Export `module` and replace its TensorRT-supported subgraphs by engine calls.
 
     Args:
@@ -43,11 +44,14 @@ def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec:
         state: buffers other methods of the same program write (`written_state`): where this
             method only reads them, it still reads them at run time (ExecuTorch keeps a buffer
             any method writes once for all methods), never as constants.
+        input_values: per input, the inclusive range of values an integer input may take where no
+            indexing op of the model bounds it (`input_values.value_bounds`), or None.
     Returns:
-        An engine-bearing `ExportedProgram` (saves with `torch.export.save`).
+        An engine-bearing `ExportedProgram` (saves with `torch.export.save`); its input placeholders
+        carry the bounds of the values they may hold (`INPUT_VALUES` in their meta).
     """
     program = export_method(module, example_inputs, dynamic_shapes)
-    return compile_program(program, example_inputs, spec, method, cache, state)
+    return compile_program(program, example_inputs, spec, method, cache, state, input_values)
 
 
 def export_method(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_shapes: Any = None) -> ExportedProgram:
@@ -65,8 +69,9 @@ def written_state(programs: Iterable[ExportedProgram]) -> frozenset[str]:
 
 def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spec: TensorRTCompileSpec | None = None,
                     method: str = "forward", cache: EngineCache | None = None,
-                    state: Collection[str] = ()) -> ExportedProgram:
+                    state: Collection[str] = (), input_values: Sequence[tuple[int, int] | None] = ()) -> ExportedProgram:
     """`compile_method` from an `export_method` program."""
+    bounds = value_bounds(program, input_values)  # read from the ops as written, before any becomes an engine
     spec = (spec or TensorRTCompileSpec()).for_method(method)
     spec = spec.with_symbol_ranges(symbol_ranges(program, spec))
     gm = program.module()
@@ -82,7 +87,9 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
     _drop_unread(gm, given)
     log.info("method %r: %d TensorRT engine(s)", method, engines)
     flat_args = torch.utils._pytree.tree_leaves(tuple(example_inputs))
-    return torch.export.export(gm, tuple(flat_args), dynamic_shapes=_flat_dims(program))
+    compiled = torch.export.export(gm, tuple(flat_args), dynamic_shapes=_flat_dims(program))
+    set_input_values(compiled, bounds)
+    return compiled
 
 
 def _drop_unread(gm: torch.fx.GraphModule, given: set[str]) -> None:

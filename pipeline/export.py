@@ -76,11 +76,12 @@ def export(
     chain = {m: [trt[m], *(chains[m] or [])] for m in methods}
     _check_partitioner_methods(chain)
     staged = {m: stage(p) for m, p in programs.items()}
+    constants = {**(constant_methods or {}), **record.values_method(programs)}
     manager = to_edge_transform_and_lower(
         staged,
         transform_passes=passes if any(passes.values()) else None,
         partitioner=chain,
-        constant_methods=dict(constant_methods) if constant_methods else None,
+        constant_methods=constants or None,
         compile_config=compile_config or EdgeCompileConfig(_check_ir_validity=False),
         generate_etrecord=generate_etrecord,
     )
@@ -114,7 +115,9 @@ def write_program(manager: EdgeProgramManager, path: str | os.PathLike[str], *, 
     """
     sealed = copy.copy(manager)  # the caller's manager keeps its constant methods and named data
     programs = {m: manager.exported_program(m) for m in manager.methods}
-    sealed._config_methods = {**(manager._config_methods or {}), record.METHOD: record.placeholder(record.inputs_of(programs))}
+    constants = dict(manager._config_methods or {})
+    values = constants.pop(record.VALUES, None)  # folded into the record
+    sealed._config_methods = {**constants, record.METHOD: record.placeholder(record.inputs_of(programs, values))}
     sealed._named_data_store = _place_engines(manager._named_data_store, external_data)
     program = sealed.to_executorch(_backend_config(programs, external_data))
     target = Path(path)
@@ -299,7 +302,7 @@ def _check_constant_methods(constants: Mapping[str, Any] | None, methods: list[s
     for key in constants or {}:
         if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key):
             raise ExportError(f"constant method name {key!r} is not a Python identifier; rename it (e.g. 'max_seq_len')")
-        if key in methods or key == record.METHOD:
+        if key in methods or key in (record.METHOD, record.VALUES):
             raise ExportError(f"constant method {key!r} has the name of a program method or of the pipeline's "
                               "record; pick another name")
 

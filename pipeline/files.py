@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -29,18 +30,17 @@ def temp_prefix(target: Path) -> str:
 
 
 def _stale(entry: Path, name: str) -> bool:
-    """Whether `entry` is a temporary of `name` whose writer is gone."""
-    marker = f".{name}.tmp-"
-    if not entry.name.startswith(marker):
-        return entry.name.startswith(f".{name}.") and "tmp" not in entry.name  # older unnamed temporaries
-    pid = entry.name[len(marker):].split("-", 1)[0]
-    if not pid.isdigit():
-        return True
+    """Whether `entry` is a temporary of `name` (exactly `temp_prefix`'s form, then tempfile's random
+    suffix) whose writer is gone; anything else beside the target (a user's `.params.yaml.swp`) is
+    never ours."""
+    found = re.fullmatch(rf"\.{re.escape(name)}\.tmp-(\d+)-[a-z0-9_]+", entry.name)
+    if found is None or int(found.group(1)) == os.getpid():
+        return False
     try:
-        os.kill(int(pid), 0)
+        os.kill(int(found.group(1)), 0)
     except ProcessLookupError:
         return True
-    except PermissionError:
+    except (PermissionError, OverflowError):
         return False
     return False
 
@@ -51,7 +51,7 @@ def remove_stale_temporaries(target: Path) -> list[Path]:
     if not target.parent.is_dir():
         return removed
     for entry in target.parent.iterdir():
-        if entry.name.startswith(f".{target.name}.") and _stale(entry, target.name):
+        if _stale(entry, target.name):
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed

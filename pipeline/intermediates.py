@@ -24,6 +24,7 @@ from torch.export import ExportedProgram
 from pipeline import record
 from pipeline.errors import ArtifactError
 from pipeline.files import write_json
+from pipeline.input_values import Bounds, input_values, set_input_values
 
 # The constant methods a program carries, {name: value}, beside a step's per-method files.
 CONSTANTS = "constants.json"
@@ -31,6 +32,8 @@ CONSTANTS = "constants.json"
 # in `<method>.data.json`; `_LARGE` bytes and up go there.
 DATA = "data"
 _LARGE = 1 << 20
+# The inputs' value bounds (`input_values.py`), an extra file of a `.pt2`.
+_VALUES_FILE = "pipeline_input_values.json"
 # Archive members torch's loader unpickles (torchbind and opaque constants), by name prefix.
 _PICKLED = ("custom_obj_", "opaque_obj_")
 
@@ -40,7 +43,8 @@ def save_exported(program: ExportedProgram, path: Path) -> None:
     run-cache can restore every stage after it)."""
     _strip_provenance(program)
     buffer = io.BytesIO()
-    torch.export.save(program, buffer)
+    values = json.dumps(input_values(program), sort_keys=True)  # torch's archive keeps no placeholder meta of ours
+    torch.export.save(program, buffer, extra_files={_VALUES_FILE: values})
     path.write_bytes(_fixed_serialization_id(buffer.getvalue()))
 
 
@@ -51,12 +55,17 @@ def load_exported(path: str | Path) -> ExportedProgram:
         ArtifactError: the file is not a readable export archive, or asks for unpickling.
     """
     _check_archive(Path(path))
+    extra = {_VALUES_FILE: ""}
     try:
         with _weights_only():
-            return torch.export.load(path)
+            program = torch.export.load(path, extra_files=extra)
+        values = json.loads(extra[_VALUES_FILE] or "[]")
+        set_input_values(program, [None if v is None else Bounds.from_json(v) for v in values]
+                         + [None] * (len(program.graph_signature.user_inputs) - len(values)))
     except Exception as exc:  # torch's loader raises many kinds on damaged archives
         raise ArtifactError(f"{path} cannot be loaded as an exported program ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''}); run the compile stage again") from exc
+    return program
 
 
 def save_edge(manager: EdgeProgramManager, methods: list[str], out_dir: Path) -> None:

@@ -5,9 +5,14 @@ data (engines, external tensors) are views of the mapping, never copies."""
 
 from __future__ import annotations
 
+import importlib
 import mmap
+import os
+import pkgutil
+import stat
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +28,11 @@ _HEAD = 8 + 32  # flatbuffer root offset + file identifier, then ExecuTorch's ex
 _FT_HEAD = 8 + 40  # the same for a `.ptd`: root offset + b"FT01", then its b"FH01" header
 
 Data = bytes | mmap.mmap
+_FLATBUFFER_MAX = 2**31 - 1  # flatbuffers address at most 2 GiB
+# While `parse` unpacks a flatbuffer: what is left of its budget of objects (tables, vector elements,
+# string bytes). A tree of tables holds fewer than its bytes; one whose tables are shared many times
+# (a DAG a forger can write in kilobytes) would unpack into far more, and is refused instead.
+_UNPACK_BUDGET: ContextVar[list[int] | None] = ContextVar("_UNPACK_BUDGET", default=None)
 
 
 @dataclass(frozen=True)
@@ -83,14 +93,26 @@ def read(pte: str | Path, ptd: str | Path | None = None, verify: bool = True) ->
     named = {**inside, **external}
     # Files that matched their record's digests hold the engines they were written with; others'
     # engines are hashed here, so a read program's engines are all known good.
-    check_tensorrt_io(program, str(pte), named, hashed=found is not None)
+    try:
+        check_tensorrt_io(program, str(pte), named, hashed=found is not None)
+    except (IndexError, KeyError, TypeError, AttributeError, ValueError) as exc:
+        if isinstance(exc, ArtifactError):
+            raise
+        raise ArtifactError(f"{pte}: its delegate calls do not match its values or delegates ({type(exc).__name__}: "
+                            f"{exc}); the file is corrupt or not an ExecuTorch program") from exc
     sources = {**dict.fromkeys(inside, "pte"), **dict.fromkeys(external, "ptd")}
     return ProgramFile(program, named, sources, found)
 
 
 def map_file(path: str | Path) -> Data:
-    """A read-only memory mapping of a file (an empty file reads as b"")."""
+    """A read-only memory mapping of a regular file (an empty file reads as b"").
+
+    Raises:
+        ArtifactError: the path cannot be read or is not a regular file (a FIFO, a device, a folder).
+    """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ArtifactError(f"{path} is not a regular file (a pipe, device or folder); give the path of a program file")
         with open(path, "rb") as f:
             if f.seek(0, 2) == 0:
                 return b""
@@ -106,7 +128,7 @@ def check_structure(data: Data, where: str) -> int:
     if data[4:6] != b"ET" or not data[6:8].isdigit():
         raise ArtifactError(f"{where} is not an ExecuTorch program (file identifier {data[4:8]!r}, expected b'ET..')")
     if data[8:12] != b"eh00":
-        return len(data)
+        return _flatbuffer_size(len(data), where)
     length, program_size, base, segments = struct.unpack_from("<IQQQ", data, 12)
     if length < 24 or program_size > len(data) or program_size < _HEAD:
         raise ArtifactError(f"{where}: its header says the program is {program_size} bytes, but the file has "
@@ -114,7 +136,14 @@ def check_structure(data: Data, where: str) -> int:
     if base and (base < program_size or base + (segments if length >= 32 else 0) > len(data)):
         raise ArtifactError(f"{where}: its segments [{base}, {base + segments}) run past the {len(data)}-byte file "
                             "(truncated or corrupt)")
-    return int(program_size)
+    return _flatbuffer_size(int(program_size), where)
+
+
+def _flatbuffer_size(size: int, where: str) -> int:
+    if size > _FLATBUFFER_MAX:
+        raise ArtifactError(f"{where}: its program is {size} bytes, more than a flatbuffer can hold (2 GiB); "
+                            "the file is not an ExecuTorch program or is corrupt")
+    return size
 
 
 def parse(data: Data, where: str = "program") -> tuple[Any, dict[str, memoryview]]:
@@ -127,8 +156,10 @@ def parse(data: Data, where: str = "program") -> tuple[Any, dict[str, memoryview
     size = check_structure(data, where)
     base = struct.unpack_from("<Q", data, 24)[0] if data[8:12] == b"eh00" else 0  # segment_base_offset
     view = memoryview(data)
+    _count_unpacking()
+    budget = _UNPACK_BUDGET.set([2 * size + 4096])
     try:
-        program = _flatbuffer_to_program(bytes(view[:size]))
+        program = _flatbuffer_to_program(view[:size])  # read in place: no copy of the file
         entries = list(program.named_data or [])
         segments = [view[base + s.offset : base + s.offset + s.size] for s in program.segments]
         if base and any(base + s.offset + s.size > len(data) for s in program.segments):
@@ -137,10 +168,42 @@ def parse(data: Data, where: str = "program") -> tuple[Any, dict[str, memoryview
         if base:
             program = _restore_segments(program, view[base:]).program
         named = {entry.key: segments[entry.segment_index] for entry in entries}
+    except _Expanding as exc:
+        raise ArtifactError(f"{where} cannot be an ExecuTorch program: its {size}-byte flatbuffer unpacks into more "
+                            "objects than it could hold as a tree (tables shared many times: forged or corrupt)") from exc
     except Exception as exc:  # flatc and the segment reader fail in many ways on damaged files
         raise ArtifactError(f"{where} cannot be parsed as an ExecuTorch program ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    finally:
+        _UNPACK_BUDGET.reset(budget)
     return program, named
+
+
+class _Expanding(Exception):
+    """A flatbuffer unpacked past its budget (`_UNPACK_BUDGET`)."""
+
+
+def _count_unpacking() -> None:
+    """Make every table class of ExecuTorch's generated flatbuffer reader charge what it unpacks to
+    `_UNPACK_BUDGET` while one is set (once per process; outside `parse` nothing changes)."""
+    from executorch.exir._serialize.generated import executorch_flatbuffer as generated
+
+    for info in pkgutil.iter_modules(generated.__path__):
+        cls = getattr(importlib.import_module(f"{generated.__name__}.{info.name}"), f"{info.name}T", None)
+        if cls is not None and not getattr(cls._UnPack, "_counted", False):
+            cls._UnPack = _counted(cls._UnPack)
+
+
+def _counted(unpack: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    def counted(self: Any, table: Any) -> None:
+        unpack(self, table)
+        budget = _UNPACK_BUDGET.get()
+        if budget is not None:
+            budget[0] -= 1 + sum(len(v) for v in vars(self).values() if isinstance(v, (list, str, bytes)) or hasattr(v, "__array__"))
+            if budget[0] < 0:
+                raise _Expanding()
+    counted._counted = True  # type: ignore[attr-defined]
+    return counted
 
 
 def load_program(source: str | Path | bytes, where: str = "program") -> Any:

@@ -5,7 +5,7 @@ JSON string (ExecuTorch's runtime loads it like any constant method):
     {"pipeline_record":1,"ptd":"<64 hex or 64 '-'>","pte":"<64 hex>","inputs":{method: [spec|null]}}
 
 `inputs` holds each method input's dtype and per-dim [min, max] (`TensorSpec`; null for non-tensor
-inputs); `ptd` is the SHA-256 of the `.ptd` written with the program ('-' * 64: none); `pte` is the
+inputs), and for integer inputs that index, the values they may hold (`input_values.py`); `ptd` is the SHA-256 of the `.ptd` written with the program ('-' * 64: none); `pte` is the
 SHA-256 of the whole `.pte` file with these 64 characters read as '0' * 64. The JSON has a fixed
 length, so `seal` fills both digests into the serialized bytes in place, and `verify` checks a file
 before any parser reads it.
@@ -24,6 +24,10 @@ from pipeline.errors import ArtifactError
 from pipeline.tensor_spec import TensorSpec
 
 METHOD = "pipeline_record"
+# Between the export step and serialization, the inputs' value bounds travel as this constant method
+# (a JSON string {method: [bounds or null]}, through every stage's intermediates); `write_program`
+# folds it into the record, so a program has no such method.
+VALUES = "pipeline_input_values"
 PREFIX = b'{"pipeline_record":1,"ptd":"'
 _DIGEST = 64
 _NO_PTD = "-" * _DIGEST
@@ -104,15 +108,35 @@ def _digest(data: bytes | bytearray | mmap.mmap, start: int) -> str:
     return digest.hexdigest()
 
 
-def inputs_of(programs: Mapping[str, Any]) -> dict[str, list[TensorSpec | None]]:
+def values_method(programs: Mapping[str, Any]) -> dict[str, str]:
+    """The `VALUES` constant method for compiled programs whose inputs carry value bounds (none if none do)."""
+    from pipeline.input_values import input_values
+
+    found = {m: input_values(p) for m, p in programs.items()}
+    return {VALUES: json.dumps(found, sort_keys=True, separators=(",", ":"))} if any(any(v) for v in found.values()) else {}
+
+
+def inputs_of(programs: Mapping[str, Any], values: str | None = None) -> dict[str, list[TensorSpec | None]]:
     """Each method's input specs, from its (Edge) `ExportedProgram`: placeholders' fake values and
-    the program's range constraints."""
+    the program's range constraints, with the value bounds of `values` (the `VALUES` method's JSON),
+    each clipped to what the input's dtype holds."""
+    import torch
+
+    bounds = json.loads(values) if values else {}
     out: dict[str, list[TensorSpec | None]] = {}
     for method, program in programs.items():
         nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+        given = bounds.get(method) or []
         specs: list[TensorSpec | None] = []
-        for name in program.graph_signature.user_inputs:
+        for i, name in enumerate(program.graph_signature.user_inputs):
             val = nodes[name].meta.get("val")
-            specs.append(TensorSpec.of(val, program.range_constraints) if hasattr(val, "shape") else None)
+            spec = TensorSpec.of(val, program.range_constraints) if hasattr(val, "shape") else None
+            found = given[i] if i < len(given) else None
+            if spec is not None and found is not None:
+                info = torch.iinfo(val.dtype)
+                low, high = found["values"]
+                end = found.get("end")
+                spec = spec.with_values((max(low, info.min), min(high, info.max)), None if end is None else tuple(end))
+            specs.append(spec)
         out[method] = specs
     return out

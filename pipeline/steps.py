@@ -68,7 +68,8 @@ def _compile_methods(cfg: Mapping[str, Any], model: Any, out_dir: str | Path, ca
         for method in methods:
             with step(f"compile: method {method!r} of {cfg['model']['name']}") as seconds:
                 spec = objects.compile_spec(cfg, method, exported[method])
-                program = compile_program(exported[method], inputs[method], spec, method, cache, state)
+                program = compile_program(exported[method], inputs[method], spec, method, cache, state,
+                                          objects.declared_values(methods[method]))
                 save_exported(program, tmp / f"{method}.pt2")
             timings[method] = round(timings[method] + seconds(), 2)
     return timings

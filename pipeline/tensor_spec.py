@@ -1,10 +1,11 @@
-"""What one program or engine input may be: its dtype and each dim's [min, max]. Programs carry one
-per method input (in their record), engine blobs one per engine input; the runtime checks every
-input against it here, and nowhere else."""
+"""What one program or engine input may be: its dtype, each dim's [min, max] and, for an integer
+input that indexes (token ids, positions), the values it may hold. Programs carry one per method
+input (in their record), engine blobs one per engine input; the runtime checks every input against
+it here, and nowhere else (`check` for one input, `check_inputs` for a call's inputs together)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +17,16 @@ from pipeline.errors import InputError
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A tensor input: dtype (a `pipeline.dtypes` name, e.g. "float32") and per-dim inclusive bounds."""
+    """A tensor input: dtype (a `pipeline.dtypes` name, e.g. "float32") and per-dim inclusive bounds;
+    for integer inputs that index, `values`: inclusive bounds of every element, and `end`: (input,
+    dim, limit), every element plus the size of that dim of that input of the call at most `limit`
+    (the first of as many positions as that dim has: a decoder's start position and its tokens)."""
 
     dtype: str
     min: tuple[int, ...]
     max: tuple[int, ...]
+    values: tuple[int, int] | None = None
+    end: tuple[int, int, int] | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -33,16 +39,29 @@ class TensorSpec:
         return f"{self.dtype}[{dims}]"
 
     def to_json(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "min": list(self.min), "max": list(self.max)}
+        doc: dict[str, Any] = {"dtype": self.dtype, "min": list(self.min), "max": list(self.max)}
+        if self.values is not None:
+            doc["values"] = list(self.values)
+        if self.end is not None:
+            doc["end"] = list(self.end)
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> TensorSpec:
         """Inverse of `to_json`; raises ValueError/KeyError/TypeError on a malformed entry."""
-        spec = cls(str(doc["dtype"]), tuple(int(d) for d in doc["min"]), tuple(int(d) for d in doc["max"]))
+        values = doc.get("values")
+        end = doc.get("end")
+        spec = cls(str(doc["dtype"]), tuple(int(d) for d in doc["min"]), tuple(int(d) for d in doc["max"]),
+                   None if values is None else (int(values[0]), int(values[1])),
+                   None if end is None else (int(end[0]), int(end[1]), int(end[2])))
         if dtypes.by_name(spec.dtype) is None or len(spec.min) != len(spec.max) or any(
-                lo < 0 or lo > hi for lo, hi in zip(spec.min, spec.max)):
+                lo < 0 or lo > hi for lo, hi in zip(spec.min, spec.max)) or (values is not None and len(values) != 2) or (
+                end is not None and len(end) != 3) or (spec.values is not None and spec.values[0] > spec.values[1]):
             raise ValueError(f"malformed tensor spec {dict(doc)}")
         return spec
+
+    def with_values(self, values: tuple[int, int] | None, end: tuple[int, int, int] | None = None) -> TensorSpec:
+        return TensorSpec(self.dtype, self.min, self.max, values, end)
 
     @classmethod
     def of(cls, value: Any, ranges: Mapping[Any, Any]) -> TensorSpec:
@@ -73,3 +92,28 @@ class TensorSpec:
                 allowed = f"exactly {lo}" if lo == hi else f"{lo}..{hi}"
                 raise InputError(f"{where} dim {dim} is {size}, but the program was built for {allowed} "
                                  f"({self.describe()}); rebuild with a wider range to take it")
+
+
+def check_inputs(where: str, specs: Sequence[TensorSpec | None], inputs: Sequence[Any]) -> None:
+    """Raise `InputError` unless every value of every integer input with `values` or `end` lies in its
+    bounds (shapes were checked with `TensorSpec.check`). One host read for all of a call's bounded
+    inputs: nothing runs before it, so a refused call changes nothing (a KV cache included)."""
+    bounded = [(i, spec, value) for i, (spec, value) in enumerate(zip(specs, inputs))
+               if spec is not None and (spec.values is not None or spec.end is not None) and value.numel()]
+    if not bounded:
+        return
+    pairs = [torch.stack(torch.aminmax(v.reshape(-1))).to(torch.int64) for _, _, v in bounded]
+    seen = torch.stack(pairs).tolist() if len({p.device for p in pairs}) == 1 else [p.tolist() for p in pairs]
+    for (i, spec, _), (low, high) in zip(bounded, seen):
+        lo, hi = spec.values if spec.values is not None else (low, high)
+        if spec.end is not None:
+            at, dim, limit = spec.end
+            span = int(inputs[at].shape[dim]) if at < len(inputs) and dim < inputs[at].dim() else 1
+            hi = min(hi, limit - span)
+            span_text = f" with {span} positions from it (input {at} dim {dim})"
+        else:
+            span_text = ""
+        if not lo <= low <= high <= hi:
+            bad = low if low < lo else high
+            raise InputError(f"{where} input {i} holds {bad}, but the program takes values {lo}..{hi}{span_text} "
+                             f"({spec.describe()}); an index outside them would read or write past its table")

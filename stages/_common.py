@@ -1,5 +1,12 @@
-"""Shared entry-point plumbing for stage scripts: logging, reading params.yaml, one-line errors.
-Stages import the library inside `main`, after `setup` has said what runs (torch takes seconds)."""
+"""Shared entry-point plumbing for stage scripts: logging, reading params.yaml, where each stage
+reads and writes, one-line errors. Stages import the library inside `main`, after `setup` has said
+what runs (torch takes seconds).
+
+Stage commands in `dvc.yaml` carry no value from params.yaml: DVC runs a command in a shell, so a
+value interpolated into one (a model name, a target key) could run code before any stage could
+refuse it. Each stage instead finds its target in `$DVC_STAGE` (`target_compile@<target>`) and
+its paths in `Layout`, from the validated params; `dvc.yaml` states the same paths for DVC as
+outputs (`tests/test_dvc_pipeline.py` holds the two against each other)."""
 
 from __future__ import annotations
 
@@ -8,26 +15,52 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeline.cli import reported
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where a build's stages read and write: `build/<model>/` and the root's metrics files, or for a
+    build-matrix target `build/targets/<target>/` and `matrix/<target>/`."""
+
+    build: Path
+    timings: Path
+    metrics: Path
+    plot: Path
+
+    @classmethod
+    def of(cls, cfg: dict[str, Any], target: str | None) -> Layout:
+        if target is None:
+            return cls(Path("build") / cfg["model"]["name"], Path("timings.json"), Path("metrics.json"),
+                       Path("plots") / "build.json")
+        matrix = Path("matrix") / target
+        return cls(Path("build") / "targets" / target, matrix / "timings.json", matrix / "metrics.json", matrix / "plot.json")
+
+
 def parser(doc: str | None) -> argparse.ArgumentParser:
-    """The stage's argument parser, with `--target NAME` (a build-matrix target; none: the top-level config)."""
+    """The stage's argument parser, with `--target NAME` (a build-matrix target; default: the one
+    `$DVC_STAGE` names, else the top-level config)."""
     out = argparse.ArgumentParser(description=doc)
-    out.add_argument("--target", help="build-matrix target (params.yaml `targets`); default: the top-level config")
+    stage = os.environ.get("DVC_STAGE") or ""
+    out.add_argument("--target", default=stage.rpartition("@")[2] if "@" in stage else None,
+                     help="build-matrix target (params.yaml `targets`); default: the top-level config")
     return out
 
 
-def setup(target: str | None = None) -> dict[str, Any]:
-    """Configure progress logging, say which stage starts, and return the validated params (of
-    `target` when given)."""
+def setup(doc: str | None) -> tuple[dict[str, Any], Layout]:
+    """Configure progress logging, say which stage starts, and return the validated params (of the
+    target the command line or `$DVC_STAGE` names) with the target's layout."""
+    args = parser(doc).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("pipeline").info("stage %s: starting", os.environ.get("DVC_STAGE") or os.path.basename(sys.argv[0]))
     from pipeline.config.compose import read_params
 
-    return read_params("params.yaml", target)
+    cfg = read_params("params.yaml", args.target)
+    return cfg, Layout.of(cfg, args.target)
 
 
 def run(main: Callable[[], None]) -> None:

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from _common import parser as stage_parser
 from _common import run, setup
 
 
 def main() -> None:
-    parser = stage_parser(__doc__)
-    parser.add_argument("compiled")
-    parser.add_argument("out_dir")
-    parser.add_argument("report")
-    args = parser.parse_args()
-    cfg = setup(args.target)
+    cfg, layout = setup(__doc__)
     from pipeline.steps import run_export
 
-    run_export(cfg, args.compiled, args.out_dir, args.report)
+    run_export(cfg, layout.build / "compiled", layout.build / "exported", layout.build / "report.json")
 
 
 if __name__ == "__main__":

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from _common import parser as stage_parser
 from _common import run, setup
 
 
 def main() -> None:
-    parser = stage_parser(__doc__)
-    parser.add_argument("in_dir")
-    parser.add_argument("program_dir")
-    parser.add_argument("manifest")
-    args = parser.parse_args()
-    cfg = setup(args.target)
+    cfg, layout = setup(__doc__)
     from pipeline.steps import run_serialize
 
-    run_serialize(cfg, args.in_dir, args.program_dir, args.manifest)
+    run_serialize(cfg, layout.build / "transformed", layout.build / "program", layout.build / "manifest.json")
 
 
 if __name__ == "__main__":

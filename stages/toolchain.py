@@ -4,24 +4,29 @@ run` it first refuses params.yaml that dropped overrides given to `compose`."""
 
 from __future__ import annotations
 
+import os
+
 import yaml
-from _common import parser as stage_parser
-from _common import run
+from _common import Layout, parser, run
 
 from pipeline.config.compose import check_experiment, target_config
+from pipeline.config.validate import check_plain_names
 from pipeline.files import write_json
 from pipeline.toolchain import record
 
 
 def main() -> None:
-    parser = stage_parser(__doc__)
-    parser.add_argument("out")
-    args = parser.parse_args()
+    args = parser(__doc__).parse_args()
     check_experiment()  # composes only inside `dvc exp run`, after `compose` was given overrides
     with open("params.yaml") as f:
         params = yaml.safe_load(f) or {}
-    compile_section = target_config(params, args.target).get("compile") or {}
-    write_json(args.out, record(compile_section.get("target_compute_capabilities") or ()))
+    cfg = target_config(params, args.target)
+    check_plain_names(cfg, args.target)  # the layout's names, before anything is written
+    compile_section = cfg.get("compile") or {}
+    out = Layout.of(cfg, args.target).build / "toolchain.json"
+    write_json(out, record(compile_section.get("target_compute_capabilities") or ()))
+    if not os.environ.get("DVC_STAGE"):
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

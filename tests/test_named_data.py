@@ -119,7 +119,7 @@ def test_engines_are_views_of_the_mapped_file(written: dict[bool, dict[str, Path
 
 def test_sizes_past_4_gb_round_trip_in_the_blob() -> None:
     ref = blob.EngineRef("ab" * 32, 5 << 30, blob.KEY_PREFIX + "ab" * 32)
-    meta = blob.BlobMetadata(io_bindings=(blob.IOBinding("x", "float32", (4,), True),))
+    meta = blob.BlobMetadata(io_bindings=(blob.IOBinding("x", "float32", (4,), True), blob.IOBinding("y", "float32", (4,), False)))
     assert blob.decode(blob.encode(ref, meta))[1] == ref
 
 

@@ -44,6 +44,15 @@ def check_kwargs(factory: Any, kwargs: Mapping[str, Any], where: str) -> None:
                           f"{sorted(kwargs)}: {exc}") from exc
 
 
+def check_no_download(factory: Any, kwargs: Mapping[str, Any]) -> None:
+    """Raise `ConfigError` where the kwargs would make the factory read weights from a file or the
+    network (`registry.download_reason`): builds use seeded random weights."""
+    reason = download_reason(factory, dict(kwargs))
+    if reason:
+        raise ConfigError(f"model.kwargs {reason}; builds use seeded random weights, nothing is read or downloaded "
+                          "(leave weights null and pretrained false, and name no files)")
+
+
 def model_kwargs(factory: Any, section: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments the model factory gets from the config's `model` section: its kwargs,
     plus `seed=` when the factory takes one."""
@@ -57,10 +66,7 @@ def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
     downloaded: no pretrained weights."""
     factory = locate(str(cfg["model"]["_target_"]), "model", "model._target_")
     kwargs = model_kwargs(factory, cfg["model"])
-    download = download_reason(factory, kwargs)
-    if download:
-        raise ConfigError(f"model.kwargs {download}, which would be downloaded; builds use seeded random weights "
-                          "(leave weights null, pretrained false)")
+    check_no_download(factory, kwargs)
     if "seed" in kwargs:
         built = build(factory, kwargs, "model._target_")
     else:
@@ -119,6 +125,13 @@ def example_inputs(spec: Mapping[str, Any], seed: int) -> tuple[torch.Tensor, ..
         else:
             out.append(torch.randint(item.get("low", 0), item.get("high", 2), tuple(item["shape"]), generator=gen).to(dtype))
     return tuple(out)
+
+
+def declared_values(spec: Mapping[str, Any]) -> list[tuple[int, int] | None]:
+    """Per input of one method: the inclusive range of values its config gives an integer input
+    ([low, high - 1], where its examples are drawn), which bounds the input where no indexing op does."""
+    return [None if DTYPES[item.get("dtype", "float32")].is_floating_point or item.get("dtype") == "bool"
+            else (int(item.get("low", 0)), int(item.get("high", 2)) - 1) for item in spec["inputs"]]
 
 
 def dynamic_shapes(spec: Mapping[str, Any], function: str) -> Any:

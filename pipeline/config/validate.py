@@ -7,7 +7,7 @@ what is allowed."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -64,11 +64,14 @@ def _check_targets(cfg: DictConfig, resolve_code: bool) -> None:
 
 def _check_code(entry: DictConfig, slot: str, where: str) -> None:
     """The target is trusted, of its slot's kind, and takes the entry's kwargs (the model also its seed)."""
-    from pipeline.config.objects import check_kwargs, model_kwargs
+    from pipeline.config.objects import check_kwargs, check_no_download, model_kwargs
 
     target = locate(str(entry._target_), slot, where)
     section: Any = OmegaConf.to_container(entry, resolve=True)
-    check_kwargs(target, model_kwargs(target, section) if slot == "model" else dict(section.get("kwargs") or {}), where)
+    kwargs = model_kwargs(target, section) if slot == "model" else dict(section.get("kwargs") or {})
+    check_kwargs(target, kwargs, where)
+    if slot == "model":
+        check_no_download(target, kwargs)
 
 
 def _check_chain(cfg: DictConfig, methods: list[str]) -> None:
@@ -100,9 +103,19 @@ def _check_cache(cfg: DictConfig) -> None:
 
 
 def _check_names(cfg: DictConfig) -> None:
-    """Names that become file and directory names: plain names, never paths."""
-    for key, value in (("model.name", cfg.model.name), ("serialize.output_name", cfg.serialize.get("output_name"))):
-        if value is not None and not _NAME.fullmatch(str(value)):
+    check_plain_names(cfg, None)
+
+
+def check_plain_names(cfg: Mapping[str, Any], target: str | None) -> None:
+    """Names that become file and directory names (a build target's too): plain names, never paths.
+
+    Raises:
+        ConfigError: naming the key and what a plain name is.
+    """
+    model, serialize = cfg.get("model") or {}, cfg.get("serialize") or {}
+    for key, value in (("model.name", model.get("name")), ("serialize.output_name", serialize.get("output_name")),
+                       ("the build target", target)):
+        if (value is not None or key == "model.name") and not _NAME.fullmatch(str(value)):
             raise ConfigError(f"{key} = {value!r} is not a plain file name; use letters, digits, '_', '-' and '.' "
                               "(no paths), starting with a letter or digit")
 

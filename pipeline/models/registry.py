@@ -40,12 +40,37 @@ def is_timm_builder(obj: Any) -> bool:
     return obj is timm.create_model or (timm.is_model(obj.__name__) and timm.models.model_entrypoint(obj.__name__) is obj)
 
 
+# Keyword arguments through which timm, torchvision or transformers load weights or configs from a
+# file or the network.
+_LOADING_KWARGS = frozenset({"pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir",
+                             "weights", "weights_backbone", "pretrained_backbone", "pretrained_model_name_or_path"})
+_WEIGHT_SUFFIXES = (".pth", ".pt", ".pt2", ".bin", ".safetensors", ".ckpt", ".npz", ".h5", ".pkl", ".json")
+
+
 def download_reason(obj: Any, kwargs: dict[str, Any]) -> str | None:
-    """Why these kwargs would make factory `obj` download weights, or None."""
+    """Why these kwargs would make factory `obj` read weights from a file or the network, or None:
+    a loading argument that is set (`pretrained`, `checkpoint_path`, torchvision's `weights`, ...), or
+    any value, however nested, that names a URL, a path or a weight file."""
     if is_torchvision_builder(obj) and any(kwargs.get(k) is not None for k in ("weights", "weights_backbone")):
         return "names pretrained torchvision weights"
     if is_timm_builder(obj) and (kwargs.get("pretrained") or kwargs.get("pretrained_cfg_overlay")):
         return "asks timm for pretrained weights"
+    for key, value in kwargs.items():
+        if key in _LOADING_KWARGS and value not in (None, False, "", {}, []):
+            return f"sets {key}={value!r}, which loads weights or configs from a file or the network"
+        where = _names_a_file(value)
+        if where is not None:
+            return f"names a file or URL in {key} ({where!r})"
+    return None
+
+
+def _names_a_file(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return next((found for v in value if (found := _names_a_file(v)) is not None), None)
+    if isinstance(value, str) and ("://" in value or "/" in value or "\\" in value or value.lower().endswith(_WEIGHT_SUFFIXES)):
+        return value
     return None
 
 

@@ -12,6 +12,7 @@ refused before anything runs, never wrapped around or written past the cache's e
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import torch
@@ -84,6 +85,19 @@ def _steps(program: Program, prompt: torch.Tensor, max_new_tokens: int, prefill:
             position += 1
 
 
+def parse_prompt(text: str) -> torch.Tensor:
+    """Token ids written in ASCII digits, separated by spaces, as a [1, T] int64 tensor (the program
+    checks each id against its vocabulary when it runs).
+
+    Raises:
+        InputError: anything else (signs, other scripts' digits, an id past int64, no ids).
+    """
+    words = text.split()
+    if not words or not all(re.fullmatch(r"[0-9]{1,18}", w) for w in words):
+        raise InputError(f"--prompt must be token ids in ASCII digits separated by spaces, e.g. \"1 5 9\"; got {text!r}")
+    return torch.tensor([[int(w) for w in words]], dtype=torch.int64)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.runtime.generate PROGRAM.pte --prompt "1 5 9" --max-new-tokens 16`:
     prints the new tokens as they come, then the seconds per token."""
@@ -100,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     args = parser.parse_args(argv)
     with reported():
-        try:
-            prompt = torch.tensor([[int(t) for t in args.prompt.split()]], dtype=torch.int64)
-        except ValueError as exc:
-            raise InputError(f"--prompt must be token ids separated by spaces, e.g. \"1 5 9\"; got {args.prompt!r}") from exc
+        prompt = parse_prompt(args.prompt)
         program = load(args.pte, args.ptd)
         start = time.perf_counter()
         count = 0

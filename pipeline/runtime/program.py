@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,12 @@ from typing import Any
 import torch
 
 from pipeline import dtypes, record
-from pipeline.errors import InputError, RuntimeUnavailableError
+from pipeline.errors import ArtifactError, InputError, PipelineError, RuntimeUnavailableError
 from pipeline.pte import ProgramFile, read
 from pipeline.runtime.delegates import TensorRTDelegate, make_delegate
 from pipeline.runtime.kernels import resolve
 from pipeline.runtime.values import dtype_of, materialise, state_arenas
-from pipeline.tensor_spec import TensorSpec
+from pipeline.tensor_spec import TensorSpec, check_inputs
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.engine_runner import LoadedEngine, RuntimeOptions
 
@@ -133,6 +134,17 @@ class Method:
         saves the two cross-stream event waits.
         """
         self._check(inputs)
+        try:
+            with unvouched(self._program.file, self._program.where), torch.no_grad():
+                return self._execute_checked(inputs, copy_outputs)
+        except BaseException as exc:
+            if self._program.state:  # a step may have written part of the state: no later call may read it
+                self._program.broken = (f"a call of method {self.name!r} failed after it started ({type(exc).__name__}), "
+                                        "so the program's state (its KV cache) may be half-written; load the program "
+                                        "again")
+            raise
+
+    def _execute_checked(self, inputs: Sequence[Any], copy_outputs: bool) -> list[Any]:
         values = self._values  # planned tensors alias arena memory, as in ExecuTorch: one run at a time
         start = time.perf_counter()
         caller = self._program.enter()
@@ -158,8 +170,12 @@ class Method:
         return outs
 
     def _check(self, inputs: Sequence[Any]) -> None:
-        """Every input against the program's plan (count, dtype, each dim in its built range): an input
-        the program was not built for is refused, never stretched or cast to fit."""
+        """Every input against the program's plan (count, dtype, each dim in its built range, the values
+        of integer inputs that index): an input the program was not built for is refused, never
+        stretched or cast to fit, before anything runs; a program whose state a failed call may have
+        left half-written is refused too."""
+        if self._program.broken is not None:
+            raise RuntimeUnavailableError(self._program.broken)
         if len(inputs) != len(self._specs):
             raise InputError(f"method {self.name!r} takes {len(self._specs)} inputs, got {len(inputs)}")
         for i, (spec, value) in enumerate(zip(self._specs, inputs)):
@@ -169,6 +185,7 @@ class Method:
             if seen is None or self._checked[i] != seen:
                 spec.check(f"method {self.name!r} input {i}", value)
                 self._checked[i] = seen
+        check_inputs(f"method {self.name!r}", self._specs, inputs)
 
     def _is_new(self, index: int, out: Any) -> bool:
         """Whether output value `index` came back in a new tensor an engine wrote (not planned memory)."""
@@ -293,10 +310,30 @@ class MethodGraph:
         return outs
 
 
+@contextmanager
+def unvouched(file: ProgramFile, where: str) -> Iterator[None]:
+    """For a program read without a record (`verify=False`: nothing vouches for its structure), turn
+    any failure that is not one of ours into one `ArtifactError` naming the file; a program whose
+    record matched is our own writer's output, and its errors stay what they are."""
+    if file.record is not None:
+        yield
+        return
+    try:
+        yield
+    except PipelineError:
+        raise
+    except (IndexError, KeyError, TypeError, AttributeError, ValueError, RuntimeError, OverflowError) as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        raise ArtifactError(f"{where} was read without a program record (verify=False) and is not a program this "
+                            f"runtime can run ({type(exc).__name__}: {reason}); rebuild it, or load a file written "
+                            "by pipeline.export.save") from exc
+
+
 class Program:
     """A loaded `.pte` program."""
 
-    def __init__(self, file: ProgramFile, options: RuntimeOptions, device: str | None) -> None:
+    def __init__(self, file: ProgramFile, options: RuntimeOptions, device: str | None, where: str = "program") -> None:
+        self.where = where
         self.file = file
         self.raw = file.program
         self.record = file.record
@@ -310,6 +347,7 @@ class Program:
         self._methods: dict[str, Method] = {}
         # Buffers the methods write (a KV cache): one copy for the program, kept across calls.
         self.state = state_arenas([p for p in self.raw.execution_plan if p.name != record.METHOD], self.device)
+        self.broken: str | None = None  # why no method may run any more (a failed call left state half-written)
         self._constants = {p.name: p for p in self.raw.execution_plan if p.name != record.METHOD and _constant_plan(p)}
         self._engines: dict[str, LoadedEngine] = {}
 
@@ -366,7 +404,8 @@ class Program:
             plans = {p.name: p for p in self.raw.execution_plan if p.name != record.METHOD}
             if name not in plans:
                 raise KeyError(f"program has no method {name!r}; it has {self.method_names}")
-            self._methods[name] = Method(self, plans[name])
+            with unvouched(self.file, self.where):
+                self._methods[name] = Method(self, plans[name])
         return self._methods[name]
 
     def enter(self) -> Any:
@@ -424,4 +463,5 @@ def load(pte: str | Path, ptd: str | Path | None = None, options: RuntimeOptions
         ArtifactError: a file is malformed or not the program's own.
     """
     file = read(pte, ptd, verify)
-    return Program(file, options or RuntimeOptions(), device)
+    with unvouched(file, str(pte)):
+        return Program(file, options or RuntimeOptions(), device, str(pte))

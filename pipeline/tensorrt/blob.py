@@ -189,6 +189,7 @@ def decode(blob: bytes | memoryview) -> tuple[BlobMetadata, EngineRef]:
         key = str(doc["engine_key"]) if magic == MAGIC else None
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BlobFormatError(f"TensorRT blob metadata is not the expected JSON ({type(exc).__name__}: {exc})") from exc
+    check_coherent(meta)
     if key is not None:
         if key != KEY_PREFIX + digest:
             raise BlobFormatError(f"TensorRT blob names engine {key!r}, which is not the key of its digest {digest}")
@@ -197,6 +198,41 @@ def decode(blob: bytes | memoryview) -> tuple[BlobMetadata, EngineRef]:
     ref = EngineRef(digest, eng_size, None, engine)
     check_engine(ref, engine)
     return meta, ref
+
+
+_DIM_MAX = 2**31 - 1  # TensorRT dims are int32
+
+
+def check_coherent(meta: BlobMetadata) -> None:
+    """Refuse metadata that no writer of this contract produces, whoever sealed the file around it:
+    binding names unique, dtypes known, static dims with bounds equal to them, dynamic dims (-1) with
+    0 <= min <= max < 2**31, bounds of the shape's rank, at least one output, and aliases that name an
+    input binding of the same dtype and rank.
+
+    Raises:
+        BlobFormatError: naming the binding and the broken rule.
+    """
+    names = [b.name for b in meta.io_bindings]
+    if len(set(names)) != len(names) or not all(names):
+        raise BlobFormatError(f"TensorRT blob binds the names {names}: every binding needs its own non-empty name")
+    if not meta.outputs:
+        raise BlobFormatError("TensorRT blob binds no output")
+    inputs = {b.name: b for b in meta.inputs}
+    for b in meta.io_bindings:
+        where = f"TensorRT blob binding {b.name!r}"
+        if dtypes.by_name(b.dtype) is None:
+            raise BlobFormatError(f"{where} has dtype {b.dtype!r}, not one of {sorted(dtypes.BY_NAME)}")
+        bounds = (b.min_shape, b.max_shape) if b.min_shape or b.max_shape else (b.shape, b.shape)
+        if any(len(bound) != len(b.shape) for bound in bounds) or len(b.shape) > 8:
+            raise BlobFormatError(f"{where} has shape {list(b.shape)} with bounds of another rank {[list(x) for x in bounds]}")
+        for size, lo, hi in zip(b.shape, *bounds):
+            if size == -1 and b.is_input and not 0 <= lo <= hi <= _DIM_MAX:
+                raise BlobFormatError(f"{where} has a dynamic dim bounded {lo}..{hi}; needs 0 <= min <= max < 2**31")
+            if size != -1 and not (0 <= size <= _DIM_MAX and lo == hi == size):
+                raise BlobFormatError(f"{where} has a dim of size {size} bounded {lo}..{hi}; a static dim is its own bounds")
+        if b.aliases and (b.is_input or b.aliases not in inputs or inputs[b.aliases].dtype != b.dtype
+                          or len(inputs[b.aliases].shape) != len(b.shape)):
+            raise BlobFormatError(f"{where} aliases {b.aliases!r}, which is not an input binding of its dtype and rank")
 
 
 def tf32_override_doc(meta: BlobMetadata) -> dict[str, str]:

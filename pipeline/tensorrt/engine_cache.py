@@ -9,17 +9,27 @@ and version, the platform, the source of `pipeline.tensorrt`, converters include
 engine SHA-256 and size, bindings, layers, the TF32 override recorded at build), then
 the engine. It is published atomically (written under a temporary name, then renamed), checked on
 every read (its key, size and digest; a bad entry is deleted and the engine rebuilt, never used),
-and the least recently used entries go when the cache outgrows its bound.
+and the least recently used entries go when the cache outgrows its bound; only files that are
+entries (`<64 hex digits>.engine` starting with b"PEC1") are ever counted or deleted.
+
+Trust: the digests hold against damage, not against someone who may write the cache folder, who
+could store any engine with a matching header. Where others may write a shared cache, give every
+machine that uses it one secret in `$PIPELINE_ENGINE_CACHE_KEY`: entries then carry an HMAC-SHA256
+of their header (which holds the engine's digest) under that secret, and an entry without a valid
+one is never used (the engine is built and published with one). A cache that cannot be written
+(read-only, unreachable) is read where it can be and warned about, never fatal to a build.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 import logging
 import os
 import platform
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -40,6 +50,8 @@ log = logging.getLogger("pipeline.tensorrt")
 MAGIC = b"PEC1"
 _LENGTH = struct.Struct("<I")
 ENV = "PIPELINE_ENGINE_CACHE"
+KEY_ENV = "PIPELINE_ENGINE_CACHE_KEY"  # a secret shared by the machines that write and read one cache
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.engine")
 DEFAULT_MAX_BYTES = 20 << 30
 # Fields that do not change the engine: the method's name, and the timing cache (a build-time aid).
 _NOT_IN_KEY = {"method", "timing_cache_path"}
@@ -84,7 +96,10 @@ class EngineCache:
         self.url = self.url or os.environ.get(ENV) or str(Path.home() / ".cache" / "trt-executorch-pipeline" / "engines")
         self._fs, self._root = fsspec.core.url_to_fs(self.url)
         self._local = "file" in _protocols(self._fs)
-        self._fs.makedirs(self._root, exist_ok=True)
+        try:
+            self._fs.makedirs(self._root, exist_ok=True)
+        except OSError as exc:  # read-only: entries are still read where they exist
+            log.warning("engine cache: cannot create %s (%s); engines are built and not stored", self.url, exc)
 
     def key(self, source: GraphSource, spec: TensorRTCompileSpec) -> str:
         """The key of the engine `source` builds into under `spec`."""
@@ -97,31 +112,46 @@ class EngineCache:
         return digest.hexdigest()
 
     def get(self, key: str, label: str = "engine") -> Entry | None:
-        """The entry under `key` after checking it, or None (a bad entry is deleted)."""
+        """The entry under `key` after checking it, or None (a bad entry is deleted; an entry without
+        a valid HMAC where `$PIPELINE_ENGINE_CACHE_KEY` is set is left alone and not used)."""
         path = self._path(key)
         try:
             data = self._fs.cat_file(path)
         except FileNotFoundError:
-            self.events.append(Event(label, key, False))
-            return None
-        entry = _decode(data, key)
-        if entry is None:
+            data = None
+        except OSError as exc:
+            log.warning("engine cache: cannot read %s (%s); building the engine", path, exc)
+            data = None
+        entry = None if data is None else _decode(data, key)
+        if data is not None and entry is None:
             log.warning("engine cache: %s is damaged or not what its key says; deleting it and building again", path)
             self._remove(path)
-        elif self._local:
-            os.utime(path)  # recency for eviction
+        elif data is not None and not _authentic(data):
+            log.warning("engine cache: %s has no valid HMAC under $%s (written without the key, or by someone "
+                        "else); building the engine", path, KEY_ENV)
+            entry = None
+        elif entry is not None and self._local:
+            try:
+                os.utime(path)  # recency for eviction
+            except OSError:  # another process evicted it since; the bytes read are whole and checked
+                pass
         self.events.append(Event(label, key, entry is not None))
         return entry
 
     def put(self, key: str, entry: Entry) -> None:
-        """Publish `entry` under `key` atomically, then keep the cache within `max_bytes`."""
+        """Publish `entry` under `key` atomically, then keep the cache within `max_bytes`; a cache that
+        cannot be written is warned about, and the build goes on."""
         path = self._path(key)
         data = _encode(key, entry)
-        if self._local:  # a temporary named by pid, renamed; what a killed writer left goes with the next write
-            write_bytes(path, data)
-        else:  # one object PUT is atomic on object stores
-            self._fs.pipe_file(path, data)
-        self.evict()
+        try:
+            if self._local:  # a temporary named by pid, renamed; what a killed writer left goes with the next write
+                write_bytes(path, data)
+            else:  # one object PUT is atomic on object stores
+                self._fs.pipe_file(path, data)
+            self.evict()
+        except OSError as exc:
+            log.warning("engine cache: cannot store the engine in %s (%s); the build goes on without caching it",
+                        self.url, exc)
 
     def clear(self) -> None:
         """Delete every entry (and the folder)."""
@@ -141,10 +171,23 @@ class EngineCache:
             total -= size
 
     def _entries(self) -> Iterator[tuple[str, int, float]]:
-        for info in self._fs.ls(self._root, detail=True):
+        """The cache's own entries: `<key>.engine` files that begin with its magic (nothing else in
+        the folder is counted or deleted)."""
+        try:
+            listing = self._fs.ls(self._root, detail=True)
+        except FileNotFoundError:
+            return
+        for info in listing:
             name = str(info["name"])
-            if name.endswith(".engine"):
+            if info.get("type") == "file" and _ENTRY_NAME.fullmatch(name.rsplit("/", 1)[-1]) and self._is_entry(name):
                 yield name, int(info.get("size") or 0), float(info.get("mtime") or info.get("created") or 0.0)
+
+    def _is_entry(self, path: str) -> bool:
+        try:
+            with self._fs.open(path, "rb") as f:
+                return bool(f.read(len(MAGIC)) == MAGIC)
+        except OSError:
+            return False
 
     def _path(self, key: str) -> str:
         return f"{self._root.rstrip('/')}/{key}.engine"
@@ -215,8 +258,27 @@ def _encode(key: str, entry: Entry) -> bytes:
     doc = {"key": key, "sha256": hashlib.sha256(entry.engine).hexdigest(), "size": len(entry.engine),
            "num_layers": entry.num_layers, "target_platform": entry.metadata.target_platform,
            **blob.tf32_override_doc(entry.metadata), "io_bindings": [b.to_json() for b in entry.metadata.io_bindings]}
+    secret = os.environ.get(KEY_ENV)
+    if secret:
+        doc["hmac"] = _mac(secret, json.dumps(doc, separators=(",", ":")).encode())
     head = json.dumps(doc, separators=(",", ":")).encode()
     return MAGIC + _LENGTH.pack(len(head)) + head + entry.engine
+
+
+def _mac(secret: str, head: bytes) -> str:
+    return hmac.new(secret.encode(), MAGIC + head, hashlib.sha256).hexdigest()
+
+
+def _authentic(data: bytes) -> bool:
+    """Whether an entry (already decoded whole) carries a valid HMAC, where `$PIPELINE_ENGINE_CACHE_KEY`
+    asks for one; the HMAC covers the header, which holds the engine's size and digest."""
+    secret = os.environ.get(KEY_ENV)
+    if not secret:
+        return True
+    (length,) = _LENGTH.unpack_from(data, 4)
+    doc = json.loads(data[8 : 8 + length].decode())
+    tag = doc.pop("hmac", None)
+    return isinstance(tag, str) and hmac.compare_digest(tag, _mac(secret, json.dumps(doc, separators=(",", ":")).encode()))
 
 
 def _decode(data: bytes, key: str) -> Entry | None:

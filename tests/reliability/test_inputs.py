@@ -85,3 +85,12 @@ def test_tensorrt_method_refuses_batches_past_its_range_on_gpu(trt_files: dict[s
         method.execute([torch.randn(2, 8, dtype=torch.float64, device="cuda")])
     x = torch.randn(16, 8, device="cuda")
     torch.testing.assert_close(method.execute([x])[0].cpu(), linear(0)(x.cpu()), atol=2e-2, rtol=2e-2)
+
+
+def test_an_input_that_requires_grad_leaves_no_autograd_behind(portable_files: dict[str, Path]) -> None:
+    method = load(portable_files["pte"], portable_files["ptd"]).method("forward")
+    x = torch.randn(4, 8, requires_grad=True)
+    out = method.execute([x])[0]
+    assert not out.requires_grad and out.grad_fn is None
+    again = method.execute([torch.randn(2, 8)])[0]  # another shape: planned memory is resized, no autograd in the way
+    assert again.shape == (2, 4) and not again.requires_grad

@@ -44,14 +44,20 @@ def test_umask_applies(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "secret.bin").stat().st_mode) == 0o600
 
 
-def test_killed_writers_temporaries_go_live_ones_stay(tmp_path: Path) -> None:
+def test_killed_writers_temporaries_go_live_ones_and_the_users_files_stay(tmp_path: Path) -> None:
     dead, live = _dead_pid(), os.getppid()
-    for name in (f".program.tmp-{dead}-abc", ".program.k2j4h5", f".program.tmp-{live}-xyz"):
+    users = [".program.k2j4h5", ".program.swp", ".program.bak", f".program.tmp-{dead}", ".program.tmp-backup-abc",
+             f".program.tmp-{dead}-abc.old"]
+    for name in (f".program.tmp-{dead}-abc", f".program.tmp-{live}-xyz", *users):
         (tmp_path / name).mkdir()
         (tmp_path / name / "program.pte").write_bytes(b"x" * 1000)
     with atomic_dir(tmp_path / "program") as tmp:
         (tmp / "mlp.pte").write_bytes(b"new")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f".program.tmp-{live}-xyz", "program"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f".program.tmp-{live}-xyz", "program", *users])
+    for name in (".params.yaml.swp", ".params.yaml.bak"):  # the case found: compose deleted an editor's files
+        (tmp_path / name).write_text("mine")
+    write_bytes(tmp_path / "params.yaml", b"x: 1\n")
+    assert (tmp_path / ".params.yaml.swp").read_text() == "mine" and (tmp_path / ".params.yaml.bak").exists()
 
 
 def test_failed_block_leaves_the_old_output(tmp_path: Path) -> None:

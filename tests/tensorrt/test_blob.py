@@ -138,3 +138,37 @@ def test_in_place_outputs_name_their_input() -> None:
     wrong = blob.IOBinding("output_0", "float32", (1, 2, 8, 4), False, aliases="cache")
     with pytest.raises(BlobFormatError, match="updates input 'cache' in place, but the engine has no input of that"):
         _aliases((cache,), (wrong,))
+
+
+def _binding(**changes: object) -> dict[str, object]:
+    doc: dict[str, object] = {"name": "x", "dtype": "float32", "shape": [-1, 8], "is_input": True, "min": [1, 8],
+                              "max": [16, 8]}
+    doc.update(changes)
+    return doc
+
+
+@pytest.mark.parametrize("bindings, message", [
+    ([_binding(min=[5, 8], max=[2, 8])], "dynamic dim bounded 5..2"),
+    ([_binding(min=[-3, 8])], "dynamic dim bounded -3..16"),
+    ([_binding(max=[2**62, 8])], "dynamic dim bounded 1..4611686018427387904"),
+    ([_binding(min=[1], max=[16])], "bounds of another rank"),
+    ([_binding(min=[1, 4], max=[16, 9])], "a static dim is its own bounds"),
+    ([_binding(shape=[-5, 8])], "a static dim is its own bounds"),
+    ([_binding(), _binding(is_input=False, min=[], max=[])], "every binding needs its own non-empty name"),
+    ([_binding(name="")], "every binding needs its own non-empty name"),
+    ([_binding(), {"name": "y", "dtype": "float32", "shape": [-1, 8], "is_input": False, "aliases": "nothing"}],
+     "aliases 'nothing', which is not an input binding"),
+    ([_binding(), {"name": "y", "dtype": "int64", "shape": [-1, 8], "is_input": False, "aliases": "x"}],
+     "aliases 'x', which is not an input binding of its dtype"),
+    ([_binding(dtype="float128")], "has dtype 'float128'"),
+    ([_binding()], "binds no output"),
+])
+def test_incoherent_metadata_is_refused_whoever_sealed_it(bindings: list[dict[str, object]], message: str) -> None:
+    """A forged blob that parses as JSON: the reader checks what its metadata says, not only its form."""
+    out = [{"name": "out", "dtype": "float32", "shape": [-1, 4], "is_input": False}]
+    doc = {"io_bindings": bindings if any(not b["is_input"] for b in bindings) or "no output" in message
+           else bindings + out, "engine_sha256": REF.sha256, "engine_key": REF.key}
+    js = json.dumps(doc).encode()
+    data = struct.pack("<4sIIIQ8s", b"TR03", 32, len(js), 0, len(ENGINE), b"\x01" + b"\x00" * 7) + js
+    with pytest.raises(BlobFormatError, match=message):
+        blob.decode(data)
