@@ -7,7 +7,8 @@ a step, the argmax on the device, one token read back), with decode's physical l
 memory bandwidth, at the GPU's rated bandwidth and at the one a device copy reaches here) and each
 variant's fraction of it. For our program also: device memory it takes (against weights + cache),
 bytes copied and kernels launched per decode step (from the CUDA profiler: the cache is updated
-where it lives, so a step copies no cache), and teacher-forced correctness (logits of decode steps
+where it lives, so a step copies no cache), what the check of a step's token and position against
+the program's bounds costs, and teacher-forced correctness (logits of decode steps
 after a prompt, against eager `transformers`: the largest error relative to the logits' range,
 and top-1 agreement). Prints markdown; `--out` also writes `llm.json` and `llm.md`.
 
@@ -35,6 +36,7 @@ from pipeline.config import objects
 from pipeline.config.compose import compose
 from pipeline.runtime import load
 from pipeline.steps import run_all
+from pipeline.tensor_spec import check_inputs
 from pipeline.tensorrt.engine_runner import RuntimeOptions
 
 RATED_GBS = {"H200": 4800.0, "H100": 3350.0}  # HBM bandwidth, GB/s (NVIDIA's data sheets; H100 SXM)
@@ -147,6 +149,17 @@ def ours(program: Any) -> tuple[Step, Step, torch.Tensor, torch.Tensor]:
             lambda t, s: decode.execute([t, s], copy_outputs=False)[0], token, position)
 
 
+def value_check_us(method: Any, token: torch.Tensor, position: torch.Tensor, calls: int = 200) -> float:
+    """Microseconds the runtime's value check of a decode call's inputs takes (token ids and the
+    position against the bounds in the program's record: one read back from the device)."""
+    for _ in range(10):
+        check_inputs("decode", method._specs, [token, position])
+    begin = time.perf_counter()
+    for _ in range(calls):
+        check_inputs("decode", method._specs, [token, position])
+    return (time.perf_counter() - begin) / calls * 1e6
+
+
 def guarded(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     """Run one measurement; a failure is recorded under its name and the rest go on."""
     try:
@@ -196,6 +209,7 @@ def main() -> None:
     torch.cuda.synchronize()
     results["ours_device_GB"] = (free_before - torch.cuda.mem_get_info()[0]) / 1e9
     results["engines_on_device"] = len(program._engines)
+    guarded(results, "decode_value_check_us", lambda: value_check_us(program.method("decode"), token, position))
     stepwise = load(files["pte"], files.get("ptd"), options=RuntimeOptions(cuda_graph=True))
     variants["ours (engine graphs, step by step)"] = ours(stepwise)
 

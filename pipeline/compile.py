@@ -14,7 +14,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from pipeline.errors import UnsupportedOperatorError
+from pipeline.errors import ExportError, PipelineError, UnsupportedOperatorError
 from pipeline.input_values import set_input_values, value_bounds
 from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
 from pipeline.tensorrt.builder import build_engine, profile_count
@@ -55,11 +55,34 @@ def compile_method(module: torch.nn.Module, example_inputs: Sequence[Any], spec:
 
 
 def export_method(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_shapes: Any = None) -> ExportedProgram:
-    """`torch.export` with the decompositions the converters expect (the ops they take whole are kept)."""
+    """`torch.export` with the decompositions the converters expect (the ops they take whole are kept).
+
+    Raises:
+        ExportError: the module cannot be exported with these inputs (its forward raises, branches on
+            tensor values, takes other dtypes), or returns no tensor; one line naming the reason.
+    """
     table = torch.export.default_decompositions()
     for op in preserved_ops(table):
         table.pop(op)
-    return torch.export.export(module.eval(), tuple(example_inputs), dynamic_shapes=dynamic_shapes).run_decompositions(table)
+    try:
+        program = torch.export.export(module.eval(), tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+    except PipelineError:
+        raise
+    except Exception as exc:  # torch.export, and the model's own code, fail in every way there is
+        raise ExportError(f"torch.export cannot trace the model with its example inputs ({_export_reason(exc)})") from exc
+    returned = _outputs(program.graph_module)
+    if not any(isinstance(n, torch.fx.Node) and isinstance(n.meta.get("val"), torch.Tensor) for n in returned):
+        shown = ", ".join("None" if n is None else type(n).__name__ for n in returned) or "nothing"
+        raise ExportError(f"the model's method returns {shown}, no tensor; a program's method returns at least one tensor")
+    return program.run_decompositions(table)
+
+
+def _export_reason(exc: Exception) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if "data-dependent" in str(exc) or "GuardOnDataDependent" in type(exc).__name__:
+        return (f"{type(exc).__name__}: {first[:200]}; the model branches on tensor values, which a program cannot: "
+                "use torch.cond or compute both branches with torch.where")
+    return f"{type(exc).__name__}: {first[:300]}; check the model and model.methods.<method>.inputs (dtypes, shapes)"
 
 
 def written_state(programs: Iterable[ExportedProgram]) -> frozenset[str]:

@@ -17,6 +17,7 @@ from typing import Any
 from pipeline import pte, toolchain
 from pipeline.compile import compile_program, export_method, written_state
 from pipeline.config import objects
+from pipeline.errors import ExportError
 from pipeline.export import export, write_program
 from pipeline.files import atomic_dir, write_json
 from pipeline.intermediates import load_constants, load_edge, load_exported, save_constants, save_edge, save_exported
@@ -59,8 +60,11 @@ def _compile_methods(cfg: Mapping[str, Any], model: Any, out_dir: str | Path, ca
     exported = {}
     for method, spec in methods.items():  # first all, for the buffers any method writes (the program's state)
         with step(f"compile: exporting method {method!r} of {cfg['model']['name']}") as seconds:
-            exported[method] = export_method(objects.method_module(model, spec), inputs[method],
-                                             objects.dynamic_shapes(spec, spec.get("function", "forward")))
+            try:
+                exported[method] = export_method(objects.method_module(model, spec), inputs[method],
+                                                 objects.dynamic_shapes(spec, spec.get("function", "forward")))
+            except ExportError as exc:
+                raise ExportError(f"compile: method {method!r} of {cfg['model']['name']}: {exc}") from exc
         timings[method] = seconds()
     state = written_state(exported.values())
     with atomic_dir(out_dir) as tmp:

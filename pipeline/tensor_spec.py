@@ -96,24 +96,40 @@ class TensorSpec:
 
 def check_inputs(where: str, specs: Sequence[TensorSpec | None], inputs: Sequence[Any]) -> None:
     """Raise `InputError` unless every value of every integer input with `values` or `end` lies in its
-    bounds (shapes were checked with `TensorSpec.check`). One host read for all of a call's bounded
-    inputs: nothing runs before it, so a refused call changes nothing (a KV cache included)."""
-    bounded = [(i, spec, value) for i, (spec, value) in enumerate(zip(specs, inputs))
-               if spec is not None and (spec.values is not None or spec.end is not None) and value.numel()]
+    bounds (shapes were checked with `TensorSpec.check`). Nothing runs before it, so a refused call
+    changes nothing (a KV cache included); on a GPU it costs one read back of the bounded inputs."""
+    bounded = [(i, spec) for i, spec in enumerate(specs)
+               if spec is not None and (spec.values is not None or spec.end is not None) and inputs[i].numel()]
     if not bounded:
         return
-    pairs = [torch.stack(torch.aminmax(v.reshape(-1))).to(torch.int64) for _, _, v in bounded]
-    seen = torch.stack(pairs).tolist() if len({p.device for p in pairs}) == 1 else [p.tolist() for p in pairs]
-    for (i, spec, _), (low, high) in zip(bounded, seen):
+    for (i, spec), (low, high) in zip(bounded, _lows_and_highs([inputs[i] for i, _ in bounded])):
         lo, hi = spec.values if spec.values is not None else (low, high)
+        span_text = ""
         if spec.end is not None:
-            at, dim, limit = spec.end
-            span = int(inputs[at].shape[dim]) if at < len(inputs) and dim < inputs[at].dim() else 1
+            other, dim, limit = spec.end
+            span = int(inputs[other].shape[dim]) if other < len(inputs) and dim < inputs[other].dim() else 1
             hi = min(hi, limit - span)
-            span_text = f" with {span} positions from it (input {at} dim {dim})"
-        else:
-            span_text = ""
+            span_text = f" with {span} positions from it (input {other} dim {dim})"
         if not lo <= low <= high <= hi:
             bad = low if low < lo else high
             raise InputError(f"{where} input {i} holds {bad}, but the program takes values {lo}..{hi}{span_text} "
                              f"({spec.describe()}); an index outside them would read or write past its table")
+
+
+_SMALL = 4096  # elements read to the host whole (ids, positions); larger inputs are reduced where they are
+
+
+def _lows_and_highs(values: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """Each tensor's smallest and largest element, in one read from the device where they share one."""
+    if any(v.numel() > _SMALL for v in values) or len({v.device for v in values}) > 1:
+        pairs = [torch.stack(torch.aminmax(v.reshape(-1))).to(torch.int64) for v in values]
+        return [(int(lo), int(hi)) for lo, hi in (p.tolist() for p in pairs)]
+    if len(values) == 1 or values[0].device.type == "cpu":
+        lists = [v.reshape(-1).tolist() for v in values]
+    else:
+        host = torch.cat([v.reshape(-1).to(torch.int64) for v in values]).tolist()
+        cuts = [0]
+        for v in values:
+            cuts.append(cuts[-1] + v.numel())
+        lists = [host[a:b] for a, b in zip(cuts, cuts[1:])]
+    return [(min(items), max(items)) for items in lists]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from pipeline.config import objects
-from pipeline.errors import RuntimeUnavailableError
+from pipeline.errors import ExportError, RuntimeUnavailableError
 from pipeline.runtime import load
 from pipeline.tensorrt import build_env
 from pipeline.tensorrt.engine_runner import RuntimeOptions
@@ -39,9 +39,15 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
     refs, notes = {}, {}
     for name, spec in cfg["model"]["methods"].items():
         inputs = objects.example_inputs(spec, seed)
-        with torch.no_grad():
-            out = getattr(model, spec.get("function", "forward"))(*inputs)
-        refs[name] = (inputs, list(out) if isinstance(out, (tuple, list)) else [out])
+        try:
+            with torch.no_grad():
+                out = getattr(model, spec.get("function", "forward"))(*inputs)
+        except Exception as exc:  # the model's own code; the program was built from its traced graph
+            reason = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise ExportError(f"validate: eager PyTorch cannot run method {name!r} on its example inputs "
+                              f"({type(exc).__name__}: {reason}), so the program (traced without running it) has no "
+                              f"reference; check model.methods.{name}.inputs (dtypes, shapes)") from exc
+        refs[name] = (inputs, [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)])
         if all(constant_output(r) for r in refs[name][1]):
             notes[name] = {"note": f"every output of eager {name} is one constant, so comparing with it cannot show a "
                                    "wrong engine; model.init=every_layer gives weights in which every layer counts"}
@@ -53,7 +59,7 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
     methods = {}
     for name, (inputs, expected) in refs.items():
         try:
-            outs = program.method(name).execute(list(inputs))
+            outs = [o for o in program.method(name).execute(list(inputs)) if isinstance(o, torch.Tensor)]
         except RuntimeUnavailableError as exc:
             methods[name] = {**_skipped(exc), **notes.get(name, {})}
             continue

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import steps
+from pipeline import pte, steps
 from pipeline.config import objects
 from pipeline.config.compose import compose
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, InputError
 from pipeline.models.hf import decoder
 from pipeline.pte import named_entries
 from pipeline.runtime import load
@@ -131,3 +131,45 @@ def test_generate_on_the_gpu_matches_transformers(built: tuple[object, Path]) ->
         program = load(out / "program" / f"{cfg.model.name}.pte",  # type: ignore[attr-defined]
                        options=RuntimeOptions(method_graph=method_graph))
         assert torch.equal(generate(program, prompt, 10), want.cpu()), method_graph
+
+
+def test_the_record_bounds_token_ids_and_positions(built: tuple[object, Path]) -> None:
+    cfg, out = built
+    record = pte.read(out / "program" / f"{cfg.model.name}.pte").record  # type: ignore[attr-defined]
+    cache, vocab = cfg.model.kwargs.max_cache_len, cfg.model.kwargs.vocab_size  # type: ignore[attr-defined]
+    for method in ("prefill", "decode"):
+        tokens, start = record.inputs[method]  # type: ignore[union-attr]
+        assert (tokens.values, tokens.end) == ((0, vocab - 1), None)
+        assert (start.values, start.end) == ((0, cache - 1), (0, 1, cache))  # start + T <= the cache
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_out_of_range_ids_and_positions_are_refused_and_the_logits_stay_right(built: tuple[object, Path]) -> None:
+    """Measured on the H200 before the check: ids 300, -5 and 10**9 gave finite logits, a start of
+    -7 NaN logits and every later call NaN. Now each is refused before anything runs, and the
+    teacher-forced logits after them match transformers."""
+    cfg, out = built
+    model = objects.model(cfg).cuda()  # type: ignore[arg-type]
+    program = load(out / "program" / f"{cfg.model.name}.pte")  # type: ignore[attr-defined]
+    prefill, decode = program.method("prefill"), program.method("decode")
+    bad = [([[1, 300, 9]], [0]), ([[1, -5, 9]], [0]), ([[10**9]], [0]), ([[1, 2, 3]], [1000]), ([[1]], [-7]),
+           ([[1, 2, 3]], [62]), ([[4]], [64])]
+    torch.manual_seed(3)
+    prompt, follow = torch.randint(0, 256, (1, 16)).cuda(), torch.randint(0, 256, (6,)).cuda()
+    with torch.no_grad():
+        for tokens, start in bad:
+            with pytest.raises(InputError, match="but the program takes values"):
+                prefill.execute([torch.tensor(tokens).cuda(), torch.tensor(start).cuda()])
+        got = [prefill.execute([prompt, torch.tensor([0]).cuda()])[0][:, -1]]
+        want = [model.prefill(prompt)[:, -1]]
+        for i, token in enumerate(follow):
+            for tokens, start in bad:
+                with pytest.raises(InputError):
+                    decode.execute([torch.tensor(tokens).cuda(), torch.tensor(start).cuda()])
+            position = torch.tensor([16 + i]).cuda()
+            got.append(decode.execute([token.view(1, 1), position])[0][:, -1])
+            want.append(model.decode(token.view(1, 1), position)[:, -1])
+    for g, w in zip(got, want):
+        assert bool(torch.isfinite(g).all())
+        torch.testing.assert_close(g.float(), w.float(), rtol=2e-3, atol=2e-3 * float(w.abs().max()))

@@ -13,7 +13,7 @@ from torch.export import Dim
 
 from pipeline import dtypes
 from pipeline.config.targets import locate
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.models.decoder import MethodView
 from pipeline.models.registry import download_reason
 from pipeline.models.weights import calibrate_batch_norms, show_every_layer
@@ -67,14 +67,25 @@ def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
     factory = locate(str(cfg["model"]["_target_"]), "model", "model._target_")
     kwargs = model_kwargs(factory, cfg["model"])
     check_no_download(factory, kwargs)
-    if "seed" in kwargs:
-        built = build(factory, kwargs, "model._target_")
-    else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(cfg["model"]["seed"]))
+    try:
+        if "seed" in kwargs:
             built = build(factory, kwargs, "model._target_")
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(cfg["model"]["seed"]))
+                built = build(factory, kwargs, "model._target_")
+    except PipelineError:
+        raise
+    except Exception as exc:  # the model's own code: any error it raises for kwargs it cannot take
+        reason = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(f"model._target_ = {cfg['model']['_target_']!r} failed to build the model from model.kwargs "
+                          f"{kwargs} ({type(exc).__name__}: {reason}); fix the kwargs it names") from exc
     if not isinstance(built, torch.nn.Module):
         raise ConfigError(f"model._target_ = {cfg['model']['_target_']!r} returned a {type(built).__name__}, not an nn.Module")
+    empty = next((name for name, p in built.named_parameters() if p.numel() == 0), None)
+    if empty is not None:
+        raise ConfigError(f"model.kwargs {cfg['model'].get('kwargs') or {}} build a model whose parameter {empty!r} has no "
+                          f"elements (shape {list(built.get_parameter(empty).shape)}); give every size at least 1")
     if cfg["model"].get("init", "factory") == "every_layer":
         _every_layer(built, cfg["model"])
     return built.eval()

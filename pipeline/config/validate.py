@@ -6,6 +6,7 @@ what is allowed."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -16,6 +17,10 @@ from pipeline.config.targets import check_prefix, locate
 from pipeline.errors import CompileSpecError, ConfigError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# Hydra's instantiate keys: the pipeline never hands a config to `hydra.utils.instantiate`, so a
+# config that sets one would mean something it does not do.
+_INSTANTIATE_KEYS = ("_partial_", "_args_", "_convert_", "_recursive_")
+_SEED_MAX = 2**63
 # Where code may be named, and which kind of code each place takes.
 _SLOTS = {r"model\._target_": "model", r"partitioners\.chain\[\d+\]\._target_": "partitioner",
           r"transforms\.passes\.[^.\[]+\[\d+\]\._target_": "pass"}
@@ -31,10 +36,12 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
     _known(list(cfg.compile.per_method), methods, "compile.per_method")
     _check_names(cfg)
     _check_init(cfg)
+    _check_numbers(cfg)
     for name, m in cfg.model.methods.items():
         _check_method(f"model.methods.{name}", m)
     _check_compile(cfg, methods)
     _check_cache(cfg)
+    _check_instantiate_keys(cfg, "")
     slots = []
     for where, entry in _targets(OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "targets"]), "cfg"):
         # (each matrix target was checked as a whole config above, its code slots included)
@@ -87,12 +94,25 @@ def _check_chain(cfg: DictConfig, methods: list[str]) -> None:
         _known(entry.get("methods") or [], methods, f"partitioners.chain[{i}].methods")
 
 
+def _check_numbers(cfg: DictConfig) -> None:
+    seed = cfg.model.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _SEED_MAX:
+        raise ConfigError(f"model.seed = {seed!r} must be an integer in 0..2**63-1")
+    bound = cfg.get("runtime", {}).get("max_rel_error", 0.02)
+    if not _positive(bound):
+        raise ConfigError(f"runtime.max_rel_error = {bound!r} must be a positive, finite relative error (e.g. 0.02)")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def _check_cache(cfg: DictConfig) -> None:
     cache = cfg.get("cache")
     if cache is None:
         return
-    if not isinstance(cache.max_gb, (int, float)) or cache.max_gb <= 0:
-        raise ConfigError(f"cache.max_gb = {cache.max_gb!r} must be a positive number of GB (or cache=off)")
+    if not _positive(cache.max_gb) or cache.max_gb > 1e9:
+        raise ConfigError(f"cache.max_gb = {cache.max_gb!r} must be a positive, finite number of GB (or cache=off)")
     if cache.url is not None:
         import fsspec
 
@@ -138,8 +158,9 @@ def _check_method(where: str, m: DictConfig) -> None:
     for i, item in enumerate(m.inputs):
         if item.dtype not in DTYPES:
             raise ConfigError(f"{where}.inputs[{i}].dtype = {item.dtype!r} is not supported; use one of {list(DTYPES)}")
-        if any(size < 0 for size in item.shape):
-            raise ConfigError(f"{where}.inputs[{i}].shape = {list(item.shape)} has a negative size")
+        if any(size < 1 for size in item.shape):
+            raise ConfigError(f"{where}.inputs[{i}].shape = {list(item.shape)} has a size below 1; an example "
+                              "input has at least one element along every dim")
         if item.dtype not in ("float32", "float16", "bfloat16") and not item.low < item.high:
             raise ConfigError(f"{where}.inputs[{i}]: low = {item.low} must be below high = {item.high}")
     _check_dynamic(where, m)
@@ -159,6 +180,10 @@ def _check_dynamic(where: str, m: DictConfig) -> None:
             if not lo <= shape[int(dim)] <= hi:
                 raise ConfigError(f"{where}.inputs[{index}].shape[{dim}] = {shape[int(dim)]} lies outside its dim "
                                   f"{dim_name!r} range {lo}..{hi}; make the example size fit the range")
+            if shape[int(dim)] == 1 and hi > 1:
+                raise ConfigError(f"{where}.inputs[{index}].shape[{dim}] = 1 on dynamic dim {dim_name!r}: torch.export "
+                                  "makes a dim of example size 1 static; give the example 2 or more there (the program "
+                                  f"still takes {lo}..{hi}), or drop the dim from {where}.dynamic")
 
 
 def _check_compile(cfg: DictConfig, methods: list[str]) -> None:
@@ -177,6 +202,19 @@ def _known(keys: list[str], methods: list[str], where: str) -> None:
     unknown = sorted(set(keys) - set(methods))
     if unknown:
         raise ConfigError(f"{where} names unknown method(s) {unknown}; the model's methods are {methods}")
+
+
+def _check_instantiate_keys(node: Any, where: str) -> None:
+    if isinstance(node, DictConfig):
+        for key, value in node.items():
+            here = f"{where}.{key!s}" if where else str(key)
+            if key in _INSTANTIATE_KEYS:
+                raise ConfigError(f"{here} is a Hydra instantiate key, which the pipeline does not use (it builds each "
+                                  "`_target_` with its `kwargs` alone); remove it")
+            _check_instantiate_keys(value, here)
+    elif isinstance(node, ListConfig):
+        for i, value in enumerate(node):
+            _check_instantiate_keys(value, f"{where}[{i}]")
 
 
 def _targets(node: Any, where: str) -> Iterator[tuple[str, Any]]:

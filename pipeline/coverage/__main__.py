@@ -12,6 +12,7 @@ from pathlib import Path
 from pipeline.cli import reported
 from pipeline.coverage.run import PRECISIONS, run_suite, suite_config, summary
 from pipeline.coverage.suite import select
+from pipeline.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with reported():
+        if args.jobs < 1 or not 0 < args.timeout < float("inf"):
+            raise ConfigError(f"--jobs {args.jobs} --timeout {args.timeout}: give at least one job and a positive, "
+                              "finite timeout")
         entries = select(args.models or None, args.slice)
         suite_config(args.precision, args.overrides)
     rows = run_suite(entries, args.precision, args.out, args.jobs, args.timeout, args.keep, overrides=args.overrides)

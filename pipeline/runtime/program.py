@@ -135,8 +135,13 @@ class Method:
         """
         self._check(inputs)
         try:
-            with unvouched(self._program.file, self._program.where), torch.no_grad():
-                return self._execute_checked(inputs, copy_outputs)
+            if self._program.record is None:  # nothing vouches for the program's structure
+                with unvouched(self._program.file, self._program.where), torch.no_grad():
+                    return self._execute_checked(inputs, copy_outputs)
+            if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in inputs):
+                with torch.no_grad():  # an input that requires grad must not make planned memory autograd's
+                    return self._execute_checked(inputs, copy_outputs)
+            return self._execute_checked(inputs, copy_outputs)
         except BaseException as exc:
             if self._program.state:  # a step may have written part of the state: no later call may read it
                 self._program.broken = (f"a call of method {self.name!r} failed after it started ({type(exc).__name__}), "

@@ -175,11 +175,30 @@ def _validate(spec: TensorRTCompileSpec) -> None:
         if not isinstance(op, str) or not _OP_NAME.fullmatch(op):
             raise CompileSpecError(f"torch_executed_ops entry {op!r} must name an ATen op like 'aten.cumsum' or "
                                    "'aten.cumsum.default'")
+        _check_op_exists(op)
     if spec.max_aux_streams is not None and (not isinstance(spec.max_aux_streams, int) or spec.max_aux_streams < 0):
         raise CompileSpecError(f"max_aux_streams={spec.max_aux_streams!r} must be an integer >= 0 or null")
     if spec.attention not in ATTENTION_FORMS:
         raise CompileSpecError(f"attention={spec.attention!r} is not a form; use one of {list(ATTENTION_FORMS)}")
     _validate_targets_and_ranges(spec)
+
+
+def _check_op_exists(name: str) -> None:
+    """A misspelt op would keep nothing out of TensorRT, silently: refuse names ATen does not have."""
+    import difflib
+
+    import torch
+
+    _, op, *overload = name.split(".")
+    packet = getattr(torch.ops.aten, op, None)
+    if packet is not None and (not overload or overload[0] in packet.overloads()):
+        return
+    if packet is not None:
+        raise CompileSpecError(f"torch_executed_ops entry {name!r}: aten.{op} has no overload {overload[0]!r} (it has "
+                               f"{sorted(packet.overloads())}); name one of them, or aten.{op} for all")
+    close = difflib.get_close_matches(op, dir(torch.ops.aten), n=1)
+    raise CompileSpecError(f"torch_executed_ops entry {name!r} is not an ATen op"
+                           + (f"; did you mean 'aten.{close[0]}'?" if close else ""))
 
 
 def _validate_targets_and_ranges(spec: TensorRTCompileSpec) -> None:

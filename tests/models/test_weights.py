@@ -54,7 +54,7 @@ def test_every_layer_makes_the_blocks_of_timm_resnets_count(init: str) -> None:
     """timm zero-initialises each residual branch's last norm: with the factory's weights every block
     is the identity, and a wrong convolution inside one would not change the output."""
     cfg = OmegaConf.to_container(compose(["model._target_=timm.create_model", "+model.kwargs.model_name=resnet18",
-                                          f"model.init={init}", "model.methods.forward.inputs=[{shape: [1, 3, 64, 64]}]"]),
+                                          f"model.init={init}", "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"]),
                                  resolve=True)
     model, again = objects.model(cfg), objects.model(cfg)
     assert all(bool((a == b).all()) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
@@ -71,7 +71,7 @@ def test_every_layer_calibrates_batch_norms(init: str) -> None:
     """A fresh batch norm's statistics (0 and 1) let ShuffleNet's activations fade until its output
     hardly depends on the input; calibrated on example inputs, the output follows the input."""
     cfg = OmegaConf.to_container(compose(["model._target_=torchvision.models.shufflenet_v2_x0_5", f"model.init={init}",
-                                          "model.methods.forward.inputs=[{shape: [1, 3, 64, 64]}]"]), resolve=True)
+                                          "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"]), resolve=True)
     model = objects.model(cfg)
     spec = cfg["model"]["methods"]["forward"]
     with torch.no_grad():
@@ -98,7 +98,7 @@ def test_every_layer_makes_queries_and_keys_count(init: str) -> None:
     cfg = OmegaConf.to_container(compose(["model._target_=pipeline.models.hf.encoder", f"model.init={init}",
                                           "+model.kwargs={architecture: bert, hidden_size: 128, num_hidden_layers: 2, "
                                           "num_attention_heads: 2, intermediate_size: 512}",
-                                          "model.methods.forward.inputs=[{shape: [1, 32], dtype: int64, high: 1000}]"]),
+                                          "model.methods.forward.inputs=[{shape: [2, 32], dtype: int64, high: 1000}]"]),
                                  resolve=True)
     model = objects.model(cfg)
     tokens = objects.example_inputs(cfg["model"]["methods"]["forward"], 1)

@@ -30,6 +30,23 @@ BAD_VALUES = [
     ("model.methods.forward.dims.batch.max=2", "model.methods.forward.inputs[0].shape[0] = 4 lies outside its dim 'batch' range 1..2"),
     ("model.name=../../etc", "model.name = '../../etc' is not a plain file name"),
     ("+serialize.output_name=/tmp/x", "serialize.output_name = '/tmp/x' is not a plain file name"),
+    ("runtime.max_rel_error=nan", "runtime.max_rel_error = nan must be a positive, finite relative error"),
+    ("runtime.max_rel_error=-1", "runtime.max_rel_error = -1.0 must be a positive, finite relative error"),
+    ("runtime.max_rel_error=0", "runtime.max_rel_error = 0.0 must be a positive"),
+    ("compile.torch_executed_ops=[aten.cumsumm]", "'aten.cumsumm' is not an ATen op; did you mean 'aten.cumsum'?"),
+    ("compile.torch_executed_ops=[aten.cumsum.bogus]", "aten.cumsum has no overload 'bogus'"),
+    ("+model._partial_=true", "model._partial_ is a Hydra instantiate key, which the pipeline does not use"),
+    ("+model._args_=[1]", "model._args_ is a Hydra instantiate key"),
+    ("+model.kwargs._convert_=all", "model.kwargs._convert_ is a Hydra instantiate key"),
+    ("cache.max_gb=nan", "cache.max_gb = nan must be a positive, finite number of GB"),
+    ("cache.max_gb=inf", "cache.max_gb = inf must be a positive, finite number of GB"),
+    ("cache.max_gb=1e400", "cache.max_gb = inf must be a positive, finite number of GB"),
+    ("cache.max_gb=-2", "cache.max_gb = -2.0 must be a positive"),
+    ("model.methods.forward.inputs.0.shape=[1,64]", "shape[0] = 1 on dynamic dim 'batch': torch.export makes a dim of "
+                                                    "example size 1 static"),
+    ("model.methods.forward.inputs.0.shape=[4,0]", "shape = [4, 0] has a size below 1"),
+    ("model.seed=100000000000000000000", "model.seed = 100000000000000000000 must be an integer in 0..2**63-1"),
+    ("model.seed=-1", "model.seed = -1 must be an integer in 0..2**63-1"),
 ]
 
 
@@ -48,11 +65,31 @@ def test_compose_refuses_bad_values_in_one_line(tmp_path: Path, override: str, m
     assert "Traceback" not in result.stderr and "PIPELINE_DEBUG=1" in result.stderr
 
 
-@pytest.mark.parametrize("override", ["compile.precision=fp64", "compile.optimization_level=9"])
-def test_app_refuses_before_any_work(tmp_path: Path, override: str) -> None:
+@pytest.mark.parametrize("override, message", [("compile.precision=fp64", "compile:"),
+                                               ("compile.optimization_level=9", "compile:"),
+                                               ("compile.optimization_level=abc", "could not be converted to Integer"),
+                                               ("model.seed=[1,2]", "Error merging override model.seed=[1,2]"),
+                                               ("runtime.max_rel_error=nan", "runtime.max_rel_error")])
+def test_app_refuses_before_any_work(tmp_path: Path, override: str, message: str) -> None:
     result = _run("pipeline", override, f"hydra.run.dir={tmp_path}/run")
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "compile:" in result.stderr
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_refuses_a_bad_value_before_any_job_runs(tmp_path: Path) -> None:
+    result = _run("pipeline", "-m", "compile.precision=fp32,fp64", "model=mlp,resnet18", f"hydra.sweep.dir={tmp_path}/sw")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "precision='fp64'" in result.stderr
+    assert not (tmp_path / "sw").exists()
+
+
+def test_params_yaml_values_are_checked_again_by_every_stage(tmp_path: Path) -> None:
+    from pipeline.config.compose import read_params, write_params
+
+    write_params(compose([]), tmp_path / "params.yaml")
+    text = (tmp_path / "params.yaml").read_text().replace("max_gb: 20.0", "max_gb: .nan")
+    (tmp_path / "params.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="cache.max_gb = nan"):
+        read_params(tmp_path / "params.yaml")
 
 
 def test_malformed_yaml_names_file_line_and_column(tmp_path: Path) -> None:

@@ -33,10 +33,72 @@ def _chain(target: str) -> str:
     ["--config-dir=/tmp"],
     ["-cd", "/tmp"],
     ["--experimental-rerun", "/tmp/config.pickle"],
+    ["+hydra.job.env_set.PIPELINE_TRUSTED_MODULES=subprocess"],
+    ["hydra.job.env_copy=[HOME]"],
+    ["+hydra.sweeper.evil=${x}", "+x={_target_: pipeline.files.write_json}"],
+    ["hydra.launcher.n_jobs=${oc.env:N}"],
+    ["hydra.searchpath=[file:///elsewhere]"],
+    ["hydra/job_logging=evil"],
+    ["hydra/hydra_logging=../../elsewhere"],
+    ["hydra/help=mine"],
+    ["hydra.job.name=../../x"],
+    ["hydra.output_subdir=/elsewhere"],
+    ["hydra.run.dir=${oc.env:HOME}"],
+    ["hydra.launcher.setup=[touch MARK]"],
+    ["+hydra.launcher.ray.init.runtime_env.worker_process_setup_hook=os.system"],
+    ["hydra.sweeper.custom_search_space=os.system"],
+    ["hydra.sweeper.sampler._target_=os.system"],
+    ["model.name=${oc.env:HOME}"],
+    ["+model.kwargs.x=${model._target_}"],
 ])
 def test_arguments_that_name_code_are_refused(args: list[str]) -> None:
     with pytest.raises(ConfigError):
         check_arguments(args)
+
+
+@pytest.mark.parametrize("args", [
+    ["hydra.run.dir=/tmp/x"], ["hydra.sweep.dir=multirun/${now:%Y-%m-%d}"], ["hydra.sweep.subdir=${hydra.job.num}"],
+    ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], ["hydra.sweeper.n_trials=3"], ["~hydra.sweeper.params.partitioners"],
+    ["hydra.launcher.ray.init.address=auto"], ["hydra/job_logging=disabled"], ["hydra.verbose=true"],
+    ["-m", "compile.precision=fp32,fp16"], ["--cfg", "job"],
+])
+def test_what_a_sweep_needs_stays_allowed(args: list[str]) -> None:
+    check_arguments(args)
+
+
+def test_a_multirun_cannot_widen_the_trusted_modules(tmp_path: Path) -> None:
+    """The job's environment is Hydra's to set only as conf/ says: an override that sets the trusted
+    modules for the jobs, then names a command as the model, runs nothing."""
+    marker = tmp_path / "MARK"
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "-m", "+hydra.job.env_set.PIPELINE_TRUSTED_MODULES=subprocess",
+         "model._target_=subprocess.getoutput", f"+model.kwargs.cmd='touch {marker}'", f"hydra.sweep.dir={tmp_path}/sw"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not marker.exists() and not (tmp_path / "sw").exists()
+    assert result.stderr.strip().count("\n") == 0 and "hydra.job.env_set" in result.stderr
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"checkpoint_path": "/tmp/weights.pth"}, "sets checkpoint_path='/tmp/weights.pth', which loads weights"),
+    ({"pretrained_cfg_overlay": {"file": "/tmp/w.safetensors"}}, "asks timm for pretrained weights"),
+    ({"pretrained_cfg": {"url": "https://example.com/w.pth"}}, "sets pretrained_cfg"),
+    ({"cache_dir": "/tmp/hub"}, "sets cache_dir"),
+    ({"drop_rate": 0.0, "extra": {"path": "weights.bin"}}, r"names a file or URL in extra \('weights.bin'\)"),
+    ({"extra": ["https://example.com/x"]}, "names a file or URL in extra"),
+])
+def test_model_kwargs_never_load_files_or_reach_the_network(kwargs: dict[str, object], message: str) -> None:
+    import timm
+
+    from pipeline.config.objects import check_no_download
+
+    with pytest.raises(ConfigError, match=message):
+        check_no_download(timm.create_model, {"model_name": "lcnet_050", **kwargs})
+
+
+def test_a_timm_checkpoint_override_is_refused_at_composition() -> None:
+    with pytest.raises(ConfigError, match="sets checkpoint_path"):
+        compose(["model._target_=timm.create_model", "+model.kwargs.model_name=lcnet_050",
+                 "+model.kwargs.checkpoint_path=/etc/passwd", "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"])
 
 
 def test_allowlist_override_never_runs_code(tmp_path: Path) -> None:
@@ -98,7 +160,7 @@ def test_torchvision_builders_take_a_seed_and_never_download() -> None:
 
 def test_plain_factories_timm_and_the_users_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = OmegaConf.to_container(compose(["model._target_=timm.create_model", "+model.kwargs.model_name=lcnet_050",
-                                          "+model.kwargs.num_classes=5", "model.methods.forward.inputs=[{shape: [1, 3, 64, 64]}]"]),
+                                          "+model.kwargs.num_classes=5", "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"]),
                                  resolve=True)
     first, second = objects.model(cfg), objects.model(cfg)  # seeded by the pipeline: the same weights twice
     assert all(bool((a == b).all()) for a, b in zip(first.state_dict().values(), second.state_dict().values()))

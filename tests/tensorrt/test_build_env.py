@@ -46,13 +46,13 @@ def test_engine_keeps_the_override_it_was_built_with(monkeypatch: pytest.MonkeyP
 
 
 def test_blob_and_engine_op_carry_the_override() -> None:
-    binding = blob.IOBinding("x", "float32", (1, 4), True)
+    bindings = (blob.IOBinding("x", "float32", (1, 4), True), blob.IOBinding("y", "float32", (1, 4), False))
     ref = blob.EngineRef.of(b"engine")
     for recorded in ("", "0"):
-        meta = blob.BlobMetadata(io_bindings=(binding,), tf32_override=recorded)
+        meta = blob.BlobMetadata(io_bindings=bindings, tf32_override=recorded)
         assert blob.decode(blob.encode(ref, meta))[0].tf32_override == recorded
         assert blob.decode_op_metadata(blob.encode_op_metadata(meta, [[1, 4]]))[0].tf32_override == recorded
-    older = blob.encode(ref, blob.BlobMetadata(io_bindings=(binding,)))
+    older = blob.encode(ref, blob.BlobMetadata(io_bindings=bindings))
     assert b"tf32_override" not in older and blob.decode(older)[0].tf32_override is None
 
 

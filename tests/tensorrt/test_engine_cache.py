@@ -164,3 +164,74 @@ def test_compile_step_reports_hits_and_misses(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "forward.pt2").read_bytes() == (tmp_path / "b" / "forward.pt2").read_bytes()
     off: Any = OmegaConf.to_container(compose(["cache=off"]), resolve=True)
     assert "engine_cache" not in run_compile(off, tmp_path / "c")
+
+
+def test_eviction_deletes_only_the_caches_own_entries(tmp_path: Path) -> None:
+    """A cache folder may hold the user's files too (`cache.url=my_engines`): they are never counted or deleted."""
+    theirs = {"model.engine": b"PEC1 not an entry", "notes.txt": b"mine", "f" * 64 + ".engine": b"TRT engine of mine"}
+    for name, data in theirs.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / ("e" * 64 + ".engine")).mkdir()
+    cache = EngineCache(str(tmp_path), max_bytes=600_000)
+    for key in "abc":
+        cache.put(key * 64, _entry(500_000, ord(key)))
+    assert {name: (tmp_path / name).read_bytes() for name in theirs} == theirs and (tmp_path / ("e" * 64 + ".engine")).is_dir()
+    assert [k for k in "abc" if (tmp_path / f"{k * 64}.engine").exists()] == ["c"]
+
+
+def _evicting(url: str, rounds: int) -> None:
+    cache = EngineCache(url, max_bytes=int(1.5 * (1 << 20)))  # room for one entry: every put evicts
+    for _ in range(rounds):
+        for key in ("a" * 64, "b" * 64):
+            cache.put(key, _entry(1 << 20, ord(key[0])))
+            found = cache.get(key)
+            assert found is None or found.engine == _entry(1 << 20, ord(key[0])).engine
+
+
+def test_writers_that_evict_and_readers_of_one_key_race_safely(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_evicting, args=(str(tmp_path), 25)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert [w.exitcode for w in workers] == [0, 0, 0]
+
+
+def _forge(path: Path, engine: bytes) -> None:
+    """What a writer of a shared folder can do: new engine bytes under a header whose digest and size match."""
+    import hashlib
+    import json
+    import struct
+
+    data = path.read_bytes()
+    (length,) = struct.unpack_from("<I", data, 4)
+    doc = json.loads(data[8 : 8 + length])
+    doc.update(sha256=hashlib.sha256(engine).hexdigest(), size=len(engine))
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    path.write_bytes(data[:4] + struct.pack("<I", len(head)) + head + engine)
+
+
+def test_a_secret_authenticates_entries_of_a_shared_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key, evil = "d" * 64, b"\x00" * 4096
+    EngineCache(str(tmp_path)).put(key, _entry(4096, 7))  # written before the machines shared a secret
+    monkeypatch.setenv("PIPELINE_ENGINE_CACHE_KEY", "s3cret")
+    assert EngineCache(str(tmp_path)).get(key) is None and (tmp_path / f"{key}.engine").exists()  # left alone, not used
+    cache = EngineCache(str(tmp_path))
+    cache.put(key, _entry(4096, 7))
+    assert cache.get(key).engine == _entry(4096, 7).engine  # type: ignore[union-attr]
+    _forge(tmp_path / f"{key}.engine", evil)
+    assert cache.get(key) is None
+    monkeypatch.setenv("PIPELINE_ENGINE_CACHE_KEY", "another")
+    cache.put("9" * 64, _entry(4096, 8))
+    monkeypatch.setenv("PIPELINE_ENGINE_CACHE_KEY", "s3cret")
+    assert cache.get("9" * 64) is None  # another secret's entry
+    monkeypatch.delenv("PIPELINE_ENGINE_CACHE_KEY")
+    assert cache.get(key).engine == evil  # type: ignore[union-attr]  # without a secret: integrity only (documented)
+
+
+def test_a_cache_that_cannot_be_written_never_fails_a_build(tmp_path: Path) -> None:
+    cache = EngineCache("/proc/pipeline-engines")  # procfs: no folder can be made, nothing written
+    cache.put("a" * 64, _entry(4096, 1))
+    assert cache.get("a" * 64) is None
+    assert len(_compile(cache)) == 1 and [e.hit for e in cache.events] == [False, False]
