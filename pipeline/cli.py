@@ -84,21 +84,36 @@ def check_arguments(args: Sequence[str]) -> None:
     Raises:
         ConfigError: naming the argument and what to do instead.
     """
-    for arg in args:
-        if arg.split("=", 1)[0] in _FOREIGN_FLAGS:
-            raise ConfigError(f"{arg.split('=', 1)[0]} is not supported: the pipeline composes only its own conf/ "
+    for i, arg in enumerate(args):
+        flag = arg.split("=", 1)[0]
+        if flag in _FOREIGN_FLAGS:
+            raise ConfigError(f"{flag} is not supported: the pipeline composes only its own conf/ "
                               "(select options and experiments with overrides such as +experiment=NAME)")
+        if flag in ("-cn", "--config-name"):
+            name = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            _check_option(arg, name)
         if arg.startswith("-"):
             continue
         key, _, value = arg.lstrip("+~").partition("=")
         if key.startswith("allowed_target_prefixes"):
             raise ConfigError("allowed_target_prefixes is not a config key: trusted modules come from "
                               "$PIPELINE_TRUSTED_MODULES, which configs and overrides cannot set")
+        if "." not in key.partition("@")[0]:  # a config group's option (model=..., +experiment=...)
+            _check_option(arg, value)
         if key.startswith("hydra"):
             _check_hydra(arg, key, value)
         elif "${" in value:
             raise ConfigError(f"override {arg!r} holds an interpolation; give the value itself (interpolations "
                               "come from conf/ only)")
+
+
+def _check_option(arg: str, value: str) -> None:
+    """A config option is named, never a path: `model=../../elsewhere/x` would compose a file from
+    outside `conf/`."""
+    for name in re.split(r"[,()\[\]\s]+", value):
+        if name and (name.startswith(".") or "/" in name or "\\" in name):
+            raise ConfigError(f"override {arg!r} names the config {name!r} by a path; options are the names of "
+                              "files in conf/<group>/ (e.g. model=resnet18), and the pipeline composes only conf/")
 
 
 def _check_hydra(arg: str, key: str, value: str) -> None:

@@ -29,6 +29,7 @@ _FT_HEAD = 8 + 40  # the same for a `.ptd`: root offset + b"FT01", then its b"FH
 
 Data = bytes | mmap.mmap
 _FLATBUFFER_MAX = 2**31 - 1  # flatbuffers address at most 2 GiB
+_PTD_INDEX_MAX = 64 << 20  # a `.ptd`'s flatbuffer lists its entries (about 100 bytes each); its data is segments
 # While `parse` unpacks a flatbuffer: what is left of its budget of objects (tables, vector elements,
 # string bytes). A tree of tables holds fewer than its bytes; one whose tables are shared many times
 # (a DAG a forger can write in kilobytes) would unpack into far more, and is refused instead.
@@ -228,6 +229,8 @@ def parse_ptd(data: Data, where: str) -> dict[str, memoryview]:
         end = header.flatbuffer_offset + header.flatbuffer_size
         if not header.is_valid() or end > len(data) or header.segment_base_offset + header.segment_data_size > len(data):
             raise ValueError(f"header {header} does not fit the {len(data)}-byte file")
+        if header.flatbuffer_size > _PTD_INDEX_MAX:  # the index of the data, not the data: never this large
+            raise ValueError(f"its index is {header.flatbuffer_size} bytes (at most {_PTD_INDEX_MAX} are read)")
         flat = _deserialize_to_flat_tensor(bytes(view[:end]))
         base = header.segment_base_offset
         out = {}

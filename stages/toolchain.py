@@ -9,7 +9,7 @@ import os
 import yaml
 from _common import Layout, parser, run
 
-from pipeline.config.compose import check_experiment, target_config
+from pipeline.config.compose import check_experiment, check_params_file, target_config
 from pipeline.config.validate import check_plain_names
 from pipeline.files import write_json
 from pipeline.toolchain import record
@@ -18,6 +18,7 @@ from pipeline.toolchain import record
 def main() -> None:
     args = parser(__doc__).parse_args()
     check_experiment()  # composes only inside `dvc exp run`, after `compose` was given overrides
+    check_params_file()
     with open("params.yaml") as f:
         params = yaml.safe_load(f) or {}
     cfg = target_config(params, args.target)

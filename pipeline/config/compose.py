@@ -56,6 +56,7 @@ def write_params(cfg: DictConfig, path: str | Path = "params.yaml") -> Path:
 def read_params(path: str | Path = "params.yaml", target: str | None = None) -> dict[str, Any]:
     """`params.yaml` as plain data, re-validated (stages read only this, never `conf/`); with
     `target`, the config of that build-matrix target (`target_config`)."""
+    check_params_file(path)
     try:
         cfg = OmegaConf.load(path)
     except FileNotFoundError as exc:
@@ -64,6 +65,17 @@ def read_params(path: str | Path = "params.yaml", target: str | None = None) -> 
         raise ConfigError(f"{path} is not a mapping; write it with `python -m pipeline.config.compose [OVERRIDES]`")
     validate(cfg)
     return target_config(OmegaConf.to_container(cfg, resolve=True), target)  # type: ignore[arg-type]
+
+
+def check_params_file(path: str | Path = "params.yaml") -> None:
+    """Refuse a `params.yaml` that is a pipe, a device or a folder (reading one would block or fail).
+
+    Raises:
+        ConfigError: naming the path and the command that writes it.
+    """
+    if Path(path).exists() and not Path(path).is_file():
+        raise ConfigError(f"{path} is not a regular file (a pipe, device or folder); write it with "
+                          "`python -m pipeline.config.compose [OVERRIDES]`")
 
 
 def target_config(cfg: Mapping[str, Any], target: str | None) -> dict[str, Any]:

@@ -154,9 +154,14 @@ class EngineCache:
                         self.url, exc)
 
     def clear(self) -> None:
-        """Delete every entry (and the folder)."""
-        if self._fs.exists(self._root):
-            self._fs.rm(self._root, recursive=True)
+        """Delete every entry, and the folder if nothing else is in it."""
+        for path, _, _ in list(self._entries()):
+            self._remove(path)
+        try:
+            if self._fs.exists(self._root) and not self._fs.ls(self._root):
+                self._fs.rmdir(self._root)
+        except OSError:
+            pass
 
     def evict(self) -> None:
         """Delete least recently used entries until the total size is within `max_bytes`."""

@@ -50,6 +50,11 @@ def _chain(target: str) -> str:
     ["hydra.sweeper.sampler._target_=os.system"],
     ["model.name=${oc.env:HOME}"],
     ["+model.kwargs.x=${model._target_}"],
+    ["+experiment=../../../tmp/evil"],
+    ["model=mlp,../x"],
+    ["+model@targets.r.model=/tmp/x"],
+    ["--config-name=../../tmp/evil"],
+    ["-cn", "../evil"],
 ])
 def test_arguments_that_name_code_are_refused(args: list[str]) -> None:
     with pytest.raises(ConfigError):

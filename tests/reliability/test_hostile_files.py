@@ -15,7 +15,8 @@ from executorch.exir._serialize.generated.executorch_flatbuffer import Chain, Ex
 from hypothesis import HealthCheck, given, settings
 
 from pipeline import pte, record
-from pipeline.errors import ArtifactError, PipelineError
+from pipeline.config.compose import read_params
+from pipeline.errors import ArtifactError, ConfigError, PipelineError
 from pipeline.runtime import load
 from tests.reliability.test_fuzz import _mutate, mutations
 
@@ -84,6 +85,21 @@ def test_a_huge_sparse_file_is_refused_without_reading_it(tmp_path: Path) -> Non
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing was copied
 
 
+def test_a_ptd_whose_index_claims_gigabytes_is_refused_without_reading_it(tmp_path: Path,
+                                                                        portable_files: dict[str, Path]) -> None:
+    head = bytearray(portable_files["ptd"].read_bytes()[:48])  # root offset, b"FT01", then the b"FH01" header
+    head[24:32] = (3 << 30).to_bytes(8, "little")  # flatbuffer_size: 3 GiB
+    head[32:48] = bytes(16)  # no segments
+    path = tmp_path / "huge.ptd"
+    with open(path, "wb") as f:
+        f.write(bytes(head))
+        f.truncate(4 << 30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ArtifactError, match="its index is 3221225472 bytes"):
+        pte.parse_ptd(pte.map_file(path), str(path))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000
+
+
 @pytest.mark.parametrize("verify", [True, False])
 def test_a_fifo_is_refused_without_blocking(tmp_path: Path, portable_files: dict[str, Path], verify: bool) -> None:
     fifo = tmp_path / "program.pte"
@@ -94,6 +110,10 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path, portable_files: dict
         load(portable_files["pte"], fifo)
     with pytest.raises(ArtifactError, match="is not a regular file"):
         load(tmp_path, verify=verify)
+    params = tmp_path / "params.yaml"
+    os.mkfifo(params)
+    with pytest.raises(ConfigError, match="params.yaml is not a regular file"):
+        read_params(params)
 
 
 @pytest.fixture(scope="module")

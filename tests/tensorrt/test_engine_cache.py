@@ -177,6 +177,12 @@ def test_eviction_deletes_only_the_caches_own_entries(tmp_path: Path) -> None:
         cache.put(key * 64, _entry(500_000, ord(key)))
     assert {name: (tmp_path / name).read_bytes() for name in theirs} == theirs and (tmp_path / ("e" * 64 + ".engine")).is_dir()
     assert [k for k in "abc" if (tmp_path / f"{k * 64}.engine").exists()] == ["c"]
+    cache.clear()
+    assert not list(tmp_path.glob("c*.engine")) and {name: (tmp_path / name).read_bytes() for name in theirs} == theirs
+    memory = EngineCache("memory://pipeline-test-clear", max_bytes=None)
+    memory.put("a" * 64, _entry(100, 1))
+    memory.clear()
+    assert memory.get("a" * 64) is None
 
 
 def _evicting(url: str, rounds: int) -> None:
