@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -25,6 +26,12 @@ from pipeline.errors import RunDirError
 from pipeline.files import fix_modes, writing
 
 CLAIM = ".pipeline-run.json"
+# What a run (or sweep) writes into its directory, and so all that taking over an interrupted one
+# removes: Hydra's `.hydra/` and job log, the staging folder and stale marker, the build's outputs,
+# a sweep's job folders and summary. Anything else there is someone else's and stays.
+_RUN_FILES = re.compile(r"\.hydra|[^/]*\.log|\.pipeline-tmp-\d+-[^/]*|\.pipeline-run\.json\.stale-\d+|compiled|exported|"
+                        r"transformed|program|(timings|report|manifest|validation|metrics|plot|params|toolchain)\.json|"
+                        r"multirun\.yaml|summary\.(md|json)|\d+")
 log = logging.getLogger("pipeline")
 
 
@@ -74,8 +81,13 @@ def _take_over_interrupted(directory: Path, marker: Path) -> None:
         os.rename(marker, stale)  # one taker only
     except FileNotFoundError as exc:
         raise RunDirError(f"{directory} was just taken over by another run; choose a new directory") from exc
+    theirs = [entry.name for entry in directory.iterdir() if not _RUN_FILES.fullmatch(entry.name)]
     for entry in directory.iterdir():
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        if _RUN_FILES.fullmatch(entry.name):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    if theirs:
+        raise RunDirError(f"{directory} also holds files that are not a run's ({', '.join(sorted(theirs)[:3])}); they "
+                          "were kept: choose a new directory (hydra.run.dir=... or hydra.sweep.dir=...) or move them")
 
 
 def _alive(pid: int) -> bool:

@@ -52,6 +52,22 @@ def test_interrupted_run_is_cleared_by_the_next(tmp_path: Path) -> None:
     assert sorted(p.name for p in run.iterdir()) == [CLAIM]
 
 
+def test_taking_over_an_interrupted_run_deletes_only_what_a_run_writes(tmp_path: Path) -> None:
+    """A marker of a dead run in a folder that also holds someone's files (planted, or the folder
+    reused): the run's own entries go, the rest stays, and the folder is refused."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / CLAIM).write_text(json.dumps({"pid": _dead_pid(), "complete": False}))
+    (run / "program").mkdir()
+    (run / "thesis").mkdir()
+    (run / "thesis" / "chapter1.tex").write_text("mine")
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match=r"also holds files that are not a run's \(notes.txt, thesis\); they were kept"):
+        claim(run)
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt", "thesis"]
+    assert (run / "thesis" / "chapter1.tex").read_text() == "mine"
+
+
 def test_staged_outputs_appear_only_on_success(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt), staged(tmp_path) as tmp:
         (tmp / "program").mkdir()
