@@ -5,6 +5,7 @@ data (engines, external tensors) are views of the mapping, never copies."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import mmap
 import os
@@ -184,9 +185,11 @@ class _Expanding(Exception):
     """A flatbuffer unpacked past its budget (`_UNPACK_BUDGET`)."""
 
 
+@functools.cache
 def _count_unpacking() -> None:
     """Make every table class of ExecuTorch's generated flatbuffer reader charge what it unpacks to
-    `_UNPACK_BUDGET` while one is set (once per process; outside `parse` nothing changes)."""
+    `_UNPACK_BUDGET` while one is set (once per process; outside `parse` nothing changes). A wrapper
+    of ExecuTorch's reader rather than a reader of our own: the budget then follows its schema."""
     from executorch.exir._serialize.generated import executorch_flatbuffer as generated
 
     for info in pkgutil.iter_modules(generated.__path__):

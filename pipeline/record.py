@@ -5,7 +5,8 @@ JSON string (ExecuTorch's runtime loads it like any constant method):
     {"pipeline_record":1,"ptd":"<64 hex or 64 '-'>","pte":"<64 hex>","inputs":{method: [spec|null]}}
 
 `inputs` holds each method input's dtype and per-dim [min, max] (`TensorSpec`; null for non-tensor
-inputs), and for integer inputs that index, the values they may hold (`input_values.py`); `ptd` is the SHA-256 of the `.ptd` written with the program ('-' * 64: none); `pte` is the
+inputs), and for integer inputs that index, the values they may hold (`input_values.py`); `ptd` is
+the SHA-256 of the `.ptd` written with the program ('-' * 64: none); `pte` is the
 SHA-256 of the whole `.pte` file with these 64 characters read as '0' * 64. The JSON has a fixed
 length, so `seal` fills both digests into the serialized bytes in place, and `verify` checks a file
 before any parser reads it.

@@ -21,6 +21,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # config that sets one would mean something it does not do.
 _INSTANTIATE_KEYS = ("_partial_", "_args_", "_convert_", "_recursive_")
 _SEED_MAX = 2**63
+_DIM_MAX = 2**31 - 1
+_EXAMPLE_MAX = 1 << 28  # elements of one example input (1 GiB in fp32)
 # Where code may be named, and which kind of code each place takes.
 _SLOTS = {r"model\._target_": "model", r"partitioners\.chain\[\d+\]\._target_": "partitioner",
           r"transforms\.passes\.[^.\[]+\[\d+\]\._target_": "pass"}
@@ -34,7 +36,7 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
     _check_chain(cfg, methods)
     _known([m for m in cfg.transforms.passes if m != "*"], methods, "transforms.passes")
     _known(list(cfg.compile.per_method), methods, "compile.per_method")
-    _check_names(cfg)
+    check_plain_names(cfg, None)
     _check_init(cfg)
     _check_numbers(cfg)
     for name, m in cfg.model.methods.items():
@@ -95,9 +97,10 @@ def _check_chain(cfg: DictConfig, methods: list[str]) -> None:
 
 
 def _check_numbers(cfg: DictConfig) -> None:
-    seed = cfg.model.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _SEED_MAX:
-        raise ConfigError(f"model.seed = {seed!r} must be an integer in 0..2**63-1")
+    for key, seed in (("model.seed", cfg.model.get("seed", 0)),
+                      ("runtime.validation_seed", cfg.get("runtime", {}).get("validation_seed", 1))):
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _SEED_MAX:
+            raise ConfigError(f"{key} = {seed!r} must be an integer in 0..2**63-1")
     bound = cfg.get("runtime", {}).get("max_rel_error", 0.02)
     if not _positive(bound):
         raise ConfigError(f"runtime.max_rel_error = {bound!r} must be a positive, finite relative error (e.g. 0.02)")
@@ -120,10 +123,6 @@ def _check_cache(cfg: DictConfig) -> None:
             fsspec.core.url_to_fs(str(cache.url))
         except (ValueError, ImportError) as exc:
             raise ConfigError(f"cache.url = {cache.url!r} is not a folder or fsspec URL this machine can open ({exc})") from exc
-
-
-def _check_names(cfg: DictConfig) -> None:
-    check_plain_names(cfg, None)
 
 
 def check_plain_names(cfg: Mapping[str, Any], target: str | None) -> None:
@@ -153,17 +152,31 @@ def _check_method(where: str, m: DictConfig) -> None:
     if not m.inputs:
         raise ConfigError(f"{where}.inputs is empty; a method takes at least one input")
     for dim_name, dim in m.dims.items():
-        if not 0 <= dim.min <= dim.max:
-            raise ConfigError(f"{where}.dims.{dim_name} = {{min: {dim.min}, max: {dim.max}}}; needs 0 <= min <= max")
+        if not 0 <= dim.min <= dim.max <= _DIM_MAX:
+            raise ConfigError(f"{where}.dims.{dim_name} = {{min: {dim.min}, max: {dim.max}}}; needs 0 <= min <= max "
+                              "< 2**31 (TensorRT's dims are 32-bit)")
     for i, item in enumerate(m.inputs):
         if item.dtype not in DTYPES:
             raise ConfigError(f"{where}.inputs[{i}].dtype = {item.dtype!r} is not supported; use one of {list(DTYPES)}")
         if any(size < 1 for size in item.shape):
             raise ConfigError(f"{where}.inputs[{i}].shape = {list(item.shape)} has a size below 1; an example "
                               "input has at least one element along every dim")
-        if item.dtype not in ("float32", "float16", "bfloat16") and not item.low < item.high:
-            raise ConfigError(f"{where}.inputs[{i}]: low = {item.low} must be below high = {item.high}")
+        if math.prod(item.shape) > _EXAMPLE_MAX:
+            raise ConfigError(f"{where}.inputs[{i}].shape = {list(item.shape)} has {math.prod(item.shape)} elements, "
+                              f"more than an example input may ({_EXAMPLE_MAX}); a dynamic dim's range, not its "
+                              "example size, says how large the program's inputs may be")
+        if item.dtype not in ("float32", "float16", "bfloat16", "bool"):
+            info = _iinfo(item.dtype)
+            if not info.min <= item.low < item.high <= info.max:
+                raise ConfigError(f"{where}.inputs[{i}]: low = {item.low}, high = {item.high}; needs low < high, both "
+                                  f"in {item.dtype}'s range {info.min}..{info.max}")
     _check_dynamic(where, m)
+
+
+def _iinfo(dtype: str) -> Any:
+    import torch
+
+    return torch.iinfo(getattr(torch, dtype))
 
 
 def _check_dynamic(where: str, m: DictConfig) -> None:
