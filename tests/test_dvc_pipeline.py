@@ -44,8 +44,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
-    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain", "compile", "export", "transform", "serialize",
-                                                         "validate"]
+    assert _stages_run(_run(["dvc", "repro"], repo)) == ["names", "toolchain", "compile", "export", "transform",
+                                                         "serialize", "validate"]
     out = repo / "build" / "mlp"
     assert "forward" in json.loads((out / "validation.json").read_text())["methods"]
     metrics = json.loads((repo / "metrics.json").read_text())

@@ -57,6 +57,22 @@ def test_a_hostile_model_name_in_params_yaml_runs_nothing(repo: Path, name: str)
     assert "Running stage 'compile'" not in result.stdout
 
 
+@pytest.mark.parametrize("name", ["..", "../stages"])
+def test_a_name_that_climbs_out_of_build_deletes_nothing(repo: Path, name: str) -> None:
+    """DVC removes a stage's outputs before it runs: `build/${model.name}/toolchain.json` with the name
+    `..` is the user's `toolchain.json`. The names stage, whose output is fixed, refuses first."""
+    (repo / "toolchain.json").write_text("mine")
+    (repo / "compiled").mkdir()
+    (repo / "compiled" / "notes.txt").write_text("mine")
+    _hostile(repo / "params.yaml", **{"model.name": name})
+    for command in (["dvc", "repro"], ["dvc", "repro", "toolchain"]):
+        result = subprocess.run(command, cwd=repo, capture_output=True, text=True, env=ENV, timeout=300)
+        assert result.returncode != 0 and "is not a plain file name" in result.stdout + result.stderr
+    assert (repo / "toolchain.json").read_text() == "mine" and (repo / "compiled" / "notes.txt").read_text() == "mine"
+    scripts = {p.name for p in (ROOT / "stages").glob("*.py")}
+    assert {p.name for p in (repo / "stages").glob("*.py")} == scripts  # `../stages`: the scripts are still there
+
+
 def test_a_hostile_target_key_in_params_yaml_runs_nothing(repo: Path) -> None:
     doc = yaml.safe_load((repo / "params.yaml").read_text())
     doc["targets"] = {"x;touch MARK;#": {"model": doc["model"], "compile": doc["compile"]}}
@@ -97,3 +113,4 @@ def test_each_stage_writes_what_dvc_yaml_declares(repo: Path) -> None:
         assert declared[f"{prefix}export{suffix}"] == {f"{layout.build}/exported", f"{layout.build}/report.json"}
         assert declared[f"{prefix}transform{suffix}"] == {f"{layout.build}/transformed"}
         assert declared[f"{prefix}toolchain{suffix}"] == {f"{layout.build}/toolchain.json"}
+    assert declared["names"] == {"build/names.json"}  # the one output no params value names
