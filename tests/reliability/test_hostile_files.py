@@ -7,6 +7,7 @@ import os
 import resource
 import time
 from pathlib import Path
+from typing import Any
 
 import flatbuffers
 import pytest
@@ -26,31 +27,27 @@ def _shared_tables(n: int) -> bytes:
     one table: a few kilobytes, n**3 objects once unpacked as a tree."""
     b = flatbuffers.Builder(1024)
     Instruction.Start(b)
-    instruction = Instruction.End(b)
-    Chain.StartInstructionsVector(b, n)
-    for _ in range(n):
-        b.PrependUOffsetTRelative(instruction)
-    instructions = b.EndVector()
+    instructions = _repeated(b, Chain.StartInstructionsVector, Instruction.End(b), n)
     Chain.Start(b)
     Chain.AddInstructions(b, instructions)
-    chain = Chain.End(b)
-    ExecutionPlan.StartChainsVector(b, n)
-    for _ in range(n):
-        b.PrependUOffsetTRelative(chain)
-    chains = b.EndVector()
+    chains = _repeated(b, ExecutionPlan.StartChainsVector, Chain.End(b), n)
     name = b.CreateString("forward")
     ExecutionPlan.Start(b)
     ExecutionPlan.AddName(b, name)
     ExecutionPlan.AddChains(b, chains)
-    plan = ExecutionPlan.End(b)
-    Program.StartExecutionPlanVector(b, n)
-    for _ in range(n):
-        b.PrependUOffsetTRelative(plan)
-    plans = b.EndVector()
+    plans = _repeated(b, Program.StartExecutionPlanVector, ExecutionPlan.End(b), n)
     Program.Start(b)
     Program.AddExecutionPlan(b, plans)
     b.Finish(Program.End(b), file_identifier=b"ET12")
     return bytes(b.Output())
+
+
+def _repeated(b: flatbuffers.Builder, start: Any, table: int, n: int) -> int:
+    """A vector of n offsets to one table."""
+    start(b, n)
+    for _ in range(n):
+        b.PrependUOffsetTRelative(table)
+    return int(b.EndVector())
 
 
 def test_shared_tables_are_refused_at_once(tmp_path: Path) -> None:
