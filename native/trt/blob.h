@@ -1,0 +1,41 @@
+// The TensorRT delegate blob, read natively: the same contract pipeline/tensorrt/blob.py writes
+// and reads (that module's docstring is its definition). Every bound is checked before use; a
+// blob that breaks one is refused with one line naming the rule.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipeline_trt {
+
+struct Binding {
+  std::string name;
+  std::string dtype;           // a name of pipeline.dtypes
+  std::vector<int64_t> shape;  // -1: dynamic
+  bool is_input = false;
+  std::vector<int64_t> min_shape, max_shape;  // dynamic inputs: the first profile's bounds
+  std::string aliases;                        // outputs written in place: the input they update
+};
+
+struct BlobInfo {
+  std::vector<Binding> bindings;  // inputs in delegate-argument order, then outputs
+  bool has_tf32_override = false;
+  std::string tf32_override;  // NVIDIA_TF32_OVERRIDE where a TensorRT-RTX engine was built
+  std::string engine_sha256;
+  std::string engine_key;        // TR03: the named-data key of the engine
+  const uint8_t* inline_engine = nullptr;  // TR01/TR02: the engine inside the blob
+  uint64_t engine_size = 0;
+};
+
+// Decode `size` bytes at `data`; on failure returns false with `error` set. An inline engine is
+// checked against its digest here; a named one when it is fetched.
+bool decode_blob(const uint8_t* data, size_t size, BlobInfo& out, std::string& error);
+
+// The element size of a dtype name of the blob contract (0: not one).
+size_t dtype_size(const std::string& name);
+// The dtype names the contract knows, comma-separated (held against pipeline.dtypes by a test).
+std::string dtype_names();
+
+}  // namespace pipeline_trt

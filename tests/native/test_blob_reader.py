@@ -1,0 +1,121 @@
+"""The native blob reader (`native/trt/blob.cpp`) against the Python one, under AddressSanitizer and
+UndefinedBehaviorSanitizer: blobs the pipeline writes (TR03, and inline TR01/TR02) read the same;
+truncations, flipped bits, absurd header sizes and damaged JSON are refused with one line, never a
+crash or a read outside the blob; the native reader never takes a blob the Python one refuses."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline import dtypes
+from pipeline.errors import BlobFormatError
+from pipeline.tensorrt import blob
+
+NATIVE = Path(__file__).resolve().parents[2] / "native"
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    exe = tmp_path_factory.mktemp("blob") / "blob_reader"
+    sources = [NATIVE / "tests" / "blob_reader.cpp", NATIVE / "trt" / "blob.cpp", NATIVE / "trt" / "sha256.cpp"]
+    subprocess.run(["g++", "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+                    "-fno-sanitize-recover=all", *map(str, sources), "-o", str(exe)], check=True)
+    return exe
+
+
+def read_all(reader: Path, blobs: list[bytes], tmp_path: Path) -> list[str]:
+    path = tmp_path / "records.bin"
+    path.write_bytes(b"".join(struct.pack("<I", len(b)) + b for b in blobs))
+    run = subprocess.run([str(reader), str(path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]  # a sanitizer report ends the run with an error
+    lines = run.stdout.splitlines()
+    assert len(lines) == len(blobs)
+    return lines
+
+
+def meta(aliased: bool = False) -> blob.BlobMetadata:
+    bindings = [blob.IOBinding("x", "float16", (-1, 4), True, (1, 4), (8, 4)),
+                blob.IOBinding("cache", "float32", (2, 3), True),
+                blob.IOBinding("y", "float16", (-1, 2), False),
+                blob.IOBinding("cache_out", "float32", (2, 3), False, aliases="cache" if aliased else "")]
+    return blob.BlobMetadata(io_bindings=tuple(bindings), tf32_override="")
+
+
+def inline(magic: bytes, engine: bytes, m: blob.BlobMetadata) -> bytes:
+    """An inline-engine blob as the older writers laid it out."""
+    doc = blob.encode(blob.EngineRef.of(engine), m)
+    _, meta_offset, meta_size, _, _, _ = blob.HEADER.unpack_from(doc)
+    js = bytes(doc[meta_offset:meta_offset + meta_size]).replace(b',"engine_key":"tensorrt.engine.' +
+                                                                 blob.EngineRef.of(engine).sha256.encode() + b'"', b"")
+    eng_offset = -(-(blob.HEADER.size + len(js)) // blob.ALIGN) * blob.ALIGN
+    head = blob.HEADER.pack(magic, blob.HEADER.size, len(js), eng_offset, len(engine), b"\x01" + b"\x00" * 7)
+    return (head + js).ljust(eng_offset, b"\x00") + engine
+
+
+def python_refusal(data: bytes) -> str:
+    """Why the Python reader refuses `data` ("" when it takes it)."""
+    try:
+        blob.decode(data)
+    except (BlobFormatError, ValueError, TypeError, KeyError, OverflowError, struct.error) as exc:
+        return str(exc) or type(exc).__name__
+    return ""
+
+
+def test_dtype_names_are_the_pipelines(reader: Path) -> None:
+    names = subprocess.run([str(reader), "--dtypes"], capture_output=True, text=True, check=True).stdout.split()[0]
+    assert set(names.split(",")) == set(dtypes.BY_NAME)
+
+
+def test_blobs_the_pipeline_writes_read_the_same(reader: Path, tmp_path: Path) -> None:
+    engine = bytes(range(256)) * 5
+    ref = blob.EngineRef.of(engine)
+    blobs = [blob.encode(ref, meta()), blob.encode(ref, meta(aliased=True)), inline(b"TR01", engine, meta()),
+             inline(b"TR02", engine, meta(aliased=True)), inline(b"TR01", b"e", meta())]
+    for data in blobs:
+        assert not python_refusal(data)
+    assert read_all(reader, blobs, tmp_path) == [f"OK 4 {ref.key}", f"OK 4 {ref.key}", "OK 4 inline", "OK 4 inline",
+                                                 "OK 4 inline"]
+
+
+def test_damaged_blobs_are_refused_never_read_past(reader: Path, tmp_path: Path) -> None:
+    rng = random.Random(0)
+    engine = bytes(rng.randrange(256) for _ in range(300))
+    seeds = [blob.encode(blob.EngineRef.of(engine), meta(aliased=True)), inline(b"TR02", engine, meta(aliased=True))]
+    cases: list[bytes] = []
+    for seed in seeds:
+        cases += [seed[:n] for n in range(len(seed))]  # every truncation
+        for _ in range(1500):  # flipped bits, one to four at a time
+            data = bytearray(seed)
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            cases.append(bytes(data))
+        for field, fmt in ((4, "<I"), (8, "<I"), (12, "<I"), (16, "<Q")):  # absurd header sizes
+            for value in (0, 1, 31, 32, len(seed) - 1, len(seed), len(seed) + 1, 2**31, 2**32 - 1,
+                          *((2**63, 2**64 - 1) if fmt == "<Q" else ())):
+                data = bytearray(seed)
+                struct.pack_into(fmt, data, field, value)
+                cases.append(bytes(data))
+        js_start = blob.HEADER.size
+        for _ in range(300):  # JSON bytes replaced by structural characters
+            data = bytearray(seed)
+            data[js_start + rng.randrange(200)] = ord(rng.choice('{}[]",:-0e\\u'))
+            cases.append(bytes(data))
+    cases.append(b"TR03" + b"\xff" * 28)
+    results = read_all(reader, cases, tmp_path)
+    refused = 0
+    for data, line in zip(cases, results):
+        if line.startswith("OK"):
+            why = python_refusal(data)
+            assert not why, f"the native reader took a blob the Python reader refuses ({why}): {data!r}"
+        else:
+            refused += 1
+            assert line.startswith("ERR TensorRT blob ") and "\n" not in line
+    assert refused > len(cases) // 2
