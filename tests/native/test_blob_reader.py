@@ -79,10 +79,10 @@ def test_blobs_the_pipeline_writes_read_the_same(reader: Path, tmp_path: Path) -
     ref = blob.EngineRef.of(engine)
     blobs = [blob.encode(ref, meta()), blob.encode(ref, meta(aliased=True)), inline(b"TR01", engine, meta()),
              inline(b"TR02", engine, meta(aliased=True)), inline(b"TR01", b"e", meta())]
+    blobs += [inline(b"TR01", bytes(range(n)), meta()) for n in (55, 56, 63, 64, 119, 120)]  # every padding case
     for data in blobs:
         assert not python_refusal(data)
-    assert read_all(reader, blobs, tmp_path) == [f"OK 4 {ref.key}", f"OK 4 {ref.key}", "OK 4 inline", "OK 4 inline",
-                                                 "OK 4 inline"]
+    assert read_all(reader, blobs, tmp_path) == [f"OK 4 {ref.key}"] * 2 + ["OK 4 inline"] * 9
 
 
 def test_damaged_blobs_are_refused_never_read_past(reader: Path, tmp_path: Path) -> None:
