@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <memory>
 #include <set>
 
 #include "sha256.h"
@@ -152,7 +151,6 @@ class Parser {
     return true;
   }
   bool number(Json& out) {
-    const char* start = p_;
     bool negative = p_ < end_ && *p_ == '-';
     if (negative) ++p_;
     const char* digits = p_;
@@ -178,7 +176,6 @@ class Parser {
       while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
       if (p_ == x) return false;
     }
-    (void)start;
     if (fraction || overflow) {
       out.kind = Json::kNumber;  // no binding field takes one
       return true;
