@@ -86,6 +86,8 @@ class Parser {
       if (p_ == end_ || *p_ != '"' || !string(key)) return false;
       space();
       if (p_ == end_ || *p_++ != ':') return false;
+      // A key given twice is refused: Python's reader would take the last, this one the first.
+      if (out.get(key.c_str()) != nullptr) return false;
       out.members.emplace_back(std::move(key), Json());
       if (!value(out.members.back().second, depth + 1)) return false;
       space();
