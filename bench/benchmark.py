@@ -1,7 +1,10 @@
 """GPU benchmark: per model, median and p90 latency of eager PyTorch, torch.compile (CUDA graphs),
-the raw TensorRT engine(s) driven directly (with and without a CUDA graph), and pipeline.runtime
+the raw TensorRT engine(s) driven directly (with and without a CUDA graph; on device tensors, and on
+host tensors copied in and out, as ExecuTorch's runtime takes and gives them), pipeline.runtime
 on the .pte (engines step by step, each with and without its CUDA graph, and the whole method as one
-CUDA graph: `RuntimeOptions(method_graph=True)`); plus compile seconds (engine builds) and file sizes. Prints a markdown table. Variants take turns
+CUDA graph: `RuntimeOptions(method_graph=True)`), and ExecuTorch's own runtime with the native
+TensorRT delegate (from Python, and the C++ runner `pipeline-runner run --repeat`, each with and
+without TensorRT-RTX's CUDA graph); plus compile seconds (engine builds) and file sizes. Prints a markdown table. Variants take turns
 in blocks of calls, so that noise on the machine hits them alike.
 
     python bench/benchmark.py --models mobilenet_v3_small resnet18 --precision fp32 fp16
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -20,13 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
 from pipeline import pte
 from pipeline.config import objects
 from pipeline.config.compose import compose
-from pipeline.runtime import load
+from pipeline.errors import RuntimeUnavailableError
+from pipeline.native_library import run_runner
+from pipeline.runtime import executorch_runtime, load
 from pipeline.steps import run_all
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
@@ -153,9 +160,21 @@ def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[tor
             if all(a in position for a in args):
                 by_position = [inputs[position[a]] for a in args]
                 variants.append(Variant(f"raw engine{suffix}", lambda r=runner, a=by_position: r(*a), stream))
+                # What ExecuTorch's runtime is handed and hands back: host tensors, copied in and out.
+                host = [x.cpu() for x in by_position]
+                variants.append(Variant(f"raw engine{suffix}, host copies", lambda r=runner, a=host: [
+                    o.cpu() for o in r(*[x.cuda() for x in a])], stream))
         method = load(files["pte"], files.get("ptd"), options=RuntimeOptions(cuda_graph=graph)).method(name)
         # called from its stream, as the raw engine is driven on its own
         variants.append(Variant(f"pipeline.runtime .pte{suffix}", lambda m=method: m.execute(inputs), method.stream))
+        try:
+            native = executorch_runtime.load(files["pte"], files.get("ptd"), RuntimeOptions(cuda_graph=graph)).method(name)
+        except RuntimeUnavailableError as exc:  # ExecuTorch's Python runtime needs its own torch
+            print(f"ExecuTorch runtime (Python) skipped: {exc}")
+        else:
+            host_inputs = [x.cpu() for x in inputs]
+            variants.append(Variant(f"ExecuTorch runtime (Python) .pte{suffix}",
+                                    lambda m=native, a=host_inputs: m.execute(a, copy_outputs=False)))
     # The whole method one CUDA graph; the caller keeps its inputs in the method's own buffers (as
     # generate does), so a call is one launch.
     whole = load(files["pte"], files.get("ptd"), options=RuntimeOptions(method_graph=True)).method(name)
@@ -169,7 +188,25 @@ def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[tor
                             whole.stream))
     with torch.no_grad():
         timed(variants, timing)
-    return [{"variant": v.name, **_row(v)} for v in variants]
+    rows = [{"variant": v.name, **_row(v)} for v in variants]
+    return rows + [runner_row(files, name, inputs, graph, timing) for graph in (False, True)]
+
+
+def runner_row(files: Any, method: str, inputs: list[torch.Tensor], graph: bool, timing: Timing) -> dict[str, Any]:
+    """The Python-free runner's median over `timing.iters` calls (`pipeline-runner run --repeat`), host
+    inputs copied in and outputs out each call, as ExecuTorch's C++ runtime is used."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args: list[object] = ["run", files["pte"], "--method", method, "--output-dir", tmp, "--repeat", timing.iters]
+        args += ["--ptd", files["ptd"]] if "ptd" in files else []
+        for i, x in enumerate(inputs):
+            np.save(Path(tmp) / f"in{i}.npy", x.cpu().numpy())
+            args += ["--input", Path(tmp) / f"in{i}.npy"]
+        done = run_runner(*args, *(["--cuda-graph"] if graph else []))
+        if done.returncode != 0:
+            raise RuntimeError(f"pipeline-runner failed: {done.stderr.strip()}")
+    median = float(re.search(r"median ([0-9.]+) ms", done.stdout).group(1))  # type: ignore[union-attr]
+    return {"variant": "pipeline-runner (C++, no Python)" + (" + CUDA graph" if graph else ""), "first_ms": float("nan"),
+            "median_ms": median, "p90_ms": float("nan")}
 
 
 def _row(v: Variant) -> dict[str, float]:

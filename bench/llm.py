@@ -10,7 +10,9 @@ bytes copied and kernels launched per decode step (from the CUDA profiler: the c
 where it lives, so a step copies no cache), what the check of a step's token and position against
 the program's bounds costs, and teacher-forced correctness (logits of decode steps
 after a prompt, against eager `transformers`: the largest error relative to the logits' range,
-and top-1 agreement). Prints markdown; `--out` also writes `llm.json` and `llm.md`.
+and top-1 agreement). The Python-free runner (`pipeline-runner generate`: ExecuTorch's C++ runtime
+and the native delegate, with and without TensorRT-RTX's CUDA graph) gets decode tokens/s, the
+bytes its delegate copied per step, and whether its greedy tokens are pipeline.runtime's. Prints markdown; `--out` also writes `llm.json` and `llm.md`.
 
     python bench/llm.py                                   # TinyLlama-sized, fp16
     python bench/llm.py --set model=llama_tiny model.kwargs.max_cache_len=256 --prompt 128 --steps 64
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -34,7 +37,9 @@ from omegaconf import OmegaConf
 from bench.benchmark import kernel_profile
 from pipeline.config import objects
 from pipeline.config.compose import compose
+from pipeline.native_library import run_runner
 from pipeline.runtime import load
+from pipeline.runtime.generate import generate
 from pipeline.steps import run_all
 from pipeline.tensor_spec import check_inputs
 from pipeline.tensorrt.engine_runner import RuntimeOptions
@@ -160,6 +165,36 @@ def value_check_us(method: Any, token: torch.Tensor, position: torch.Tensor, cal
     return (time.perf_counter() - begin) / calls * 1e6
 
 
+def runner_rows(files: dict[str, Path], program: Any, vocab: int, prompt_len: int, steps: int) -> list[dict[str, Any]]:
+    """The runner's rows, without and with TensorRT-RTX's CUDA graph (`runner_decode`)."""
+    rows = []
+    for graph in (False, True):
+        row = {"variant": "pipeline-runner (ExecuTorch C++ runtime, native delegate)" + (", CUDA graph" if graph else "")}
+        guarded(row, "decode_tok_s", lambda g=graph, r=row: runner_decode(files, program, vocab, prompt_len, steps, g, r))
+        rows.append(row)
+    return rows
+
+
+def runner_decode(files: dict[str, Path], program: Any, vocab: int, prompt_len: int, steps: int, graph: bool,
+                  row: dict[str, Any]) -> float:
+    """Greedy decode tokens/s of the Python-free runner (`pipeline-runner generate`) after a prompt of
+    `prompt_len` tokens; `row` also gets the bytes its delegate copied per decode step and whether
+    its tokens are the ones `pipeline.runtime` generates from the same prompt."""
+    prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
+    args: list[object] = ["generate", files["pte"], "--prompt", " ".join(map(str, prompt)), "--max-new-tokens", steps + 1]
+    args += ["--ptd", files["ptd"]] if "ptd" in files else []
+    done = run_runner(*args, *(["--cuda-graph"] if graph else []))
+    if done.returncode != 0:
+        raise RuntimeError(f"pipeline-runner failed: {done.stderr.strip()}")
+    tokens = [int(t) for t in done.stdout.splitlines()[0].split()]
+    found = re.search(r"\(([0-9.]+) tokens/s\); per step the delegate copied ([0-9]+) bytes in and ([0-9]+) out", done.stdout)
+    assert found is not None, done.stdout + done.stderr
+    row["per_step"] = {"copied_bytes_in": int(found.group(2)), "copied_bytes_out": int(found.group(3))}
+    ours = generate(program, torch.tensor([prompt]), steps + 1)[0, prompt_len:].tolist()
+    row["same_greedy_tokens_as_pipeline_runtime"] = f"{sum(a == b for a, b in zip(tokens, ours))} of {len(ours)}"
+    return float(found.group(1))
+
+
 def guarded(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     """Run one measurement; a failure is recorded under its name and the rest go on."""
     try:
@@ -248,7 +283,7 @@ def main() -> None:
                 guarded(row, "teacher_forced", lambda p=prefill, d=decode: teacher_forced(
                     lambda t, s: (p if t.shape[1] > 1 else d)(t, s), reference, args.prompt, args.steps, vocab))
             rows.append(row)
-    results["rows"] = rows
+    results["rows"] = rows + runner_rows(files, program, vocab, args.prompt, args.steps)
     table = markdown(results)
     print(table)
     if args.out:

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig, to_edge_transform_and_lower
-from executorch.exir._serialize._named_data_store import NamedDataStore
+from executorch.exir._serialize._named_data_store import NamedDataStore, NamedDataStoreOutput
+from executorch.exir._serialize._program import PTEFile, serialize_pte_binary
 from executorch.exir.backend.partitioner import Partitioner
 from executorch.exir.passes import MemoryPlanningPass
 from torch.export import ExportedProgram
@@ -31,6 +32,7 @@ from pipeline.tensorrt import blob
 from pipeline.tensorrt.compile_spec import METHOD_KEY, TensorRTCompileSpec
 from pipeline.tensorrt.partitioner import TensorRTPartitioner
 from pipeline.tensorrt.report import lowering_report
+from pipeline.write_back import write_in_place
 
 Source = torch.fx.GraphModule | ExportedProgram | Mapping[str, ExportedProgram]
 PerMethod = Any  # a value, or a mapping of method name -> value
@@ -119,7 +121,10 @@ def write_program(manager: EdgeProgramManager, path: str | os.PathLike[str], *, 
     values = constants.pop(record.VALUES, None)  # folded into the record
     sealed._config_methods = {**constants, record.METHOD: record.placeholder(record.inputs_of(programs, values))}
     sealed._named_data_store = _place_engines(manager._named_data_store, external_data)
-    program = sealed.to_executorch(_backend_config(programs, external_data))
+    config = _backend_config(programs, external_data)
+    program = sealed.to_executorch(config)
+    if write_in_place(program.executorch_program):
+        program._pte_data = _serialized_pte(program, config)
     target = Path(path)
     base = target.with_suffix("")
     written = {"pte": target}
@@ -152,7 +157,8 @@ def _backend_config(programs: Mapping[str, ExportedProgram], external_data: bool
     Raises:
         ExportError: a state buffer does not start at zero (programs start their state at zero).
     """
-    if not any(p.graph_signature.buffers_to_mutate for p in programs.values()):
+    state = {fqn for p in programs.values() for fqn in p.graph_signature.buffers_to_mutate.values()}
+    if not state:
         return ExecutorchBackendConfig(external_constants=external_data)
     for method, p in programs.items():
         for fqn in set(p.graph_signature.buffers_to_mutate.values()):
@@ -161,8 +167,26 @@ def _backend_config(programs: Mapping[str, ExportedProgram], external_data: bool
             if value is not None and bool(value.any()):
                 raise ExportError(f"buffer {fqn!r}, which method {method!r} writes, does not start at zero; a "
                                   "program's state starts at zero: set its first value in a method instead")
-    return ExecutorchBackendConfig(external_constants=external_data, emit_mutable_buffer_names=True,
-                                   memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True))
+    # A method that only reads a state buffer would otherwise keep it as a constant, in the .ptd when
+    # data is external, and never see what the others write: state stays state in every method.
+    held = {name for p in programs.values() for name, fqn in p.graph_signature.inputs_to_buffers.items() if fqn in state}
+    return ExecutorchBackendConfig(
+        external_constants=(lambda node: None if node.name in held else EXTERNAL_TAG) if external_data else False,
+        emit_mutable_buffer_names=True, memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True))
+
+
+def _serialized_pte(program: Any, config: ExecutorchBackendConfig) -> Any:
+    """The `.pte` bytes of `program` serialized again (after `write_in_place` changed it), as
+    `to_executorch` serialized them: its named data that stays in the `.pte`, nothing external."""
+    named = program._named_data
+    if named is not None and named.external_data:
+        named = NamedDataStoreOutput(buffers=named.buffers, pte_data=named.pte_data, external_data={})
+    pte_file = PTEFile(program=program.executorch_program, mutable_data=program._emitter_output.mutable_data,
+                       named_data=named if named is not None and named.pte_data else None)
+    return serialize_pte_binary(pte_file=pte_file, extract_delegate_segments=config.extract_delegate_segments,
+                                segment_alignment=config.segment_alignment,
+                                constant_tensor_alignment=config.constant_tensor_alignment,
+                                delegate_alignment=config.delegate_alignment)
 
 
 def _place_engines(store: NamedDataStore, external: bool) -> NamedDataStore:

@@ -94,6 +94,23 @@ class TensorSpec:
                                  f"({self.describe()}); rebuild with a wider range to take it")
 
 
+def check_call(where: str, specs: Sequence[TensorSpec | None], inputs: Sequence[Any], seen: list[Any] | None = None) -> None:
+    """Raise `InputError` unless a call's inputs are what the program was built for: their count, each
+    one's dtype and dims (`TensorSpec.check`; skipped for an input whose dtype and shape are those
+    `seen` holds for it from a call that passed, and recorded there), then their values (`check_inputs`)."""
+    if len(inputs) != len(specs):
+        raise InputError(f"{where} takes {len(specs)} inputs, got {len(inputs)}")
+    for i, (spec, value) in enumerate(zip(specs, inputs)):
+        if spec is None:
+            continue
+        shape = (value.dtype, value.shape) if isinstance(value, torch.Tensor) else None
+        if seen is None or shape is None or seen[i] != shape:
+            spec.check(f"{where} input {i}", value)
+            if seen is not None:
+                seen[i] = shape
+    check_inputs(where, specs, inputs)
+
+
 def check_inputs(where: str, specs: Sequence[TensorSpec | None], inputs: Sequence[Any]) -> None:
     """Raise `InputError` unless every value of every integer input with `values` or `end` lies in its
     bounds (shapes were checked with `TensorSpec.check`). Nothing runs before it, so a refused call

@@ -14,7 +14,7 @@ import torch
 
 from pipeline.config import objects
 from pipeline.errors import ExportError, RuntimeUnavailableError
-from pipeline.runtime import load
+from pipeline.runtime.executors import describe, load_with
 from pipeline.tensorrt import build_env
 from pipeline.tensorrt.engine_runner import RuntimeOptions
 
@@ -52,8 +52,9 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
             notes[name] = {"note": f"every output of eager {name} is one constant, so comparing with it cannot show a "
                                    "wrong engine; model.init=every_layer gives weights in which every layer counts"}
             log.warning("validate: %s", notes[name]["note"])
+    executor = str(cfg["runtime"].get("executor", "pipeline"))
     try:
-        program = load(pte, ptd, options)
+        program = load_with(executor, pte, ptd, options)
     except RuntimeUnavailableError as exc:
         return {**metrics, "methods": {m: {**_skipped(exc), **notes.get(m, {})} for m in cfg["model"]["methods"]}}
     methods = {}
@@ -67,9 +68,10 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
         scale = max(float(r.float().abs().max()) for r in expected)
         rel_err = abs_err / scale if scale else abs_err
         within = rel_err <= tolerance  # NaN is not
-        methods[name] = {"runtime": f"pipeline.runtime ({program.device.type})", "max_abs_error": abs_err,
-                         "max_rel_error": rel_err, "within_tolerance": within,
-                         "median_ms": _median_ms(program.method(name), list(inputs)), **notes.get(name, {})}
+        on_gpu = executor == "executorch" or program.device.type == "cuda"  # it ran, so on the GPU
+        methods[name] = {"runtime": describe(program), "max_abs_error": abs_err, "max_rel_error": rel_err,
+                         "within_tolerance": within, **notes.get(name, {}),
+                         "median_ms": _median_ms(program.method(name), [x.to(program.device) for x in inputs], on_gpu)}
         if not within:
             log.warning("validate: %s", _beyond(cfg, name, rel_err, tolerance, program.device.type))
     return {**metrics, "methods": methods}
@@ -91,11 +93,10 @@ def constant_output(out: torch.Tensor) -> bool:
     return flat.numel() == 0 or bool((flat == flat[0]).all())
 
 
-def _median_ms(method: Any, inputs: list[torch.Tensor], calls: int = 50) -> float | None:
+def _median_ms(method: Any, inputs: list[torch.Tensor], on_gpu: bool, calls: int = 50) -> float | None:
     """Median milliseconds of one call on the GPU (None on the CPU, where no number would mean much)."""
-    if method.stream is None:
+    if not on_gpu:
         return None
-    inputs = [x.to("cuda") for x in inputs]
     times = []
     for _ in range(calls + 10):
         start = time.perf_counter()

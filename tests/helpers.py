@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,6 +62,21 @@ def tensorrt_engines(edge: EdgeProgramManager, method: str = "forward") -> list[
 
 def tensorrt_delegates(edge: EdgeProgramManager, method: str = "forward") -> list[Any]:
     return [m for m in delegates(edge.exported_program(method)) if m.backend_id == blob.BACKEND_ID]
+
+
+LEGACY_TR01 = Path(__file__).parent / "data" / "legacy_tr01.pte"
+
+
+def legacy_tr01_case() -> tuple[torch.Tensor, torch.Tensor]:
+    """An input of `LEGACY_TR01` (a program written before engines became named data: TR01, its engine
+    inline) and what the model it was built from gives for it (tests/data: seed 0, batch 1..16)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        ref = module(x)
+    assert_not_degenerate(ref)
+    return x, ref
 
 
 def assert_not_degenerate(ref: torch.Tensor) -> None:

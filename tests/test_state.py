@@ -12,6 +12,7 @@ from pipeline.compile import compile_method, compile_program, export_method, wri
 from pipeline.errors import ExportError
 from pipeline.export import export, save
 from pipeline.models.decoder import MethodView
+from pipeline.pte import read
 from pipeline.runtime import load
 from pipeline.tensorrt.blob import decode_op_metadata
 from tests.helpers import GPU
@@ -61,17 +62,20 @@ def _programs(module: torch.nn.Module, calls: dict[str, tuple[torch.Tensor, ...]
     return {m: compile_program(exported[m], calls[m], method=m, state=state) for m in calls}
 
 
-def test_state_is_shared_by_the_methods_and_kept_across_calls(tmp_path: Path) -> None:
+@pytest.mark.parametrize("external", [False, True])
+def test_state_is_shared_by_the_methods_and_kept_across_calls(external: bool, tmp_path: Path) -> None:
+    """With data external too: a method that only reads the state reads it, not a constant in the .ptd."""
     calls = {"add": (torch.ones(4),), "peek": (torch.ones(4),)}
-    path = save(_programs(Accumulator(), calls, engines=False), tmp_path / "acc.pte")["pte"]
-    program = load(path, device="cpu")
+    files = save(_programs(Accumulator(), calls, engines=False), tmp_path / "acc.pte", external_data=external)
+    path = files["pte"]
+    program = load(path, files.get("ptd"), device="cpu")
     add, peek = program.method("add"), program.method("peek")
     step = torch.tensor([1.0, 2.0, 3.0, 4.0])
     assert torch.equal(peek.execute([step])[0], torch.zeros(4))
     add.execute([step])
     add.execute([step])
     assert torch.equal(peek.execute([torch.zeros(4)])[0], 2 * step)  # what add wrote, peek reads
-    assert torch.equal(load(path, device="cpu").method("peek").execute([step])[0], torch.zeros(4))  # a fresh load starts over
+    assert torch.equal(load(path, files.get("ptd"), device="cpu").method("peek").execute([step])[0], torch.zeros(4))  # a fresh load starts over
     # Programs start their state at zero: state that would start elsewhere is refused in one line.
     with pytest.raises(ExportError, match="buffer 'module.total', which method 'add' writes, does not start at zero"):
         save(_programs(Accumulator(start=5.0), calls, engines=False), tmp_path / "acc5.pte")
@@ -137,6 +141,19 @@ def test_a_cache_written_at_consecutive_positions_is_updated_in_place() -> None:
     programs = _programs(module, calls, engines=True)
     assert list(_aliases(programs["append"]).values()) == ["module_cache"]
     assert _aliases(programs["write"]) == {}
+
+
+def test_the_program_has_the_engine_write_the_cache_where_it_lives(tmp_path: Path) -> None:
+    """The engine's in-place output is the state's own value and ExecuTorch's write-back copy is gone
+    (`write_back.py`): any runtime hands the engine one tensor, and a step never copies the cache."""
+    module = Cache().eval()
+    calls = {"append": (torch.randn(1, 2, 3, 4), torch.tensor([2])), "read": (torch.randn(1, 2, 1, 4),)}
+    program = read(save(_programs(module, calls, engines=True), tmp_path / "cache.pte")["pte"]).program
+    append = next(p for p in program.execution_plan if p.name == "append")
+    (instruction,) = [i.instr_args for c in append.chains for i in c.instructions]  # the engine alone
+    assert type(instruction).__name__ == "DelegateCall"
+    cache, x, start, cache_out, out = instruction.args
+    assert cache_out == cache and append.inputs == [x, start] and append.outputs == [out]
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 // Reads delegate blobs with the native reader: argv[1] holds records (u32 little-endian length,
 // then that many bytes); one line per record: "OK <bindings> <engine key or 'inline'>" or
-// "ERR <message>". `--dtypes` prints the dtype names the reader knows. Built under a sanitizer for
+// "ERR <message>". `--dtypes` prints the dtype table (name:size:scalar type). Built under a sanitizer for
 // fuzzing (tests/native/test_blob_reader.py).
 #include <cstdio>
 #include <cstring>

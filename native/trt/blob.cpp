@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "json.h"
 #include "sha256.h"
 
 namespace pipeline_trt {
@@ -12,181 +13,17 @@ namespace {
 
 constexpr size_t kHeader = 32;
 constexpr int64_t kDimMax = (int64_t(1) << 31) - 1;
-constexpr int kMaxDepth = 16;
 const char* const kKeyPrefix = "tensorrt.engine.";
 
 struct DType {
   const char* name;
   size_t size;
+  int scalar_type;  // ExecuTorch's ScalarType (c10's numbering)
 };
-const DType kDTypes[] = {{"uint8", 1}, {"int8", 1},    {"int16", 2}, {"int32", 4}, {"int64", 8},
-                         {"float16", 2}, {"float32", 4}, {"float64", 8}, {"bool", 1}, {"bfloat16", 2}};
+const DType kDTypes[] = {{"uint8", 1, 0},   {"int8", 1, 1},    {"int16", 2, 2},   {"int32", 4, 3},
+                         {"int64", 8, 4},   {"float16", 2, 5}, {"float32", 4, 6}, {"float64", 8, 7},
+                         {"bool", 1, 11},   {"bfloat16", 2, 15}};
 
-// ---- a small JSON reader (objects, arrays, strings, integers, numbers, true/false/null) -------------
-struct Json {
-  enum Kind { kNull, kBool, kInt, kNumber, kString, kArray, kObject } kind = kNull;
-  bool boolean = false;
-  int64_t integer = 0;
-  std::string text;
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
-
-  const Json* get(const char* key) const {
-    for (const auto& m : members)
-      if (m.first == key) return &m.second;
-    return nullptr;
-  }
-};
-
-class Parser {
- public:
-  Parser(const char* p, const char* end) : p_(p), end_(end) {}
-
-  bool document(Json& out) {
-    if (!value(out, 0)) return false;
-    space();
-    return p_ == end_;
-  }
-
- private:
-  const char* p_;
-  const char* end_;
-
-  void space() {
-    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
-  }
-  bool literal(const char* word) {
-    size_t n = std::strlen(word);
-    if (size_t(end_ - p_) < n || std::memcmp(p_, word, n) != 0) return false;
-    p_ += n;
-    return true;
-  }
-  bool value(Json& out, int depth) {
-    if (depth > kMaxDepth) return false;
-    space();
-    if (p_ == end_) return false;
-    switch (*p_) {
-      case '{': return object(out, depth);
-      case '[': return array(out, depth);
-      case '"': out.kind = Json::kString; return string(out.text);
-      case 't': out.kind = Json::kBool; out.boolean = true; return literal("true");
-      case 'f': out.kind = Json::kBool; return literal("false");
-      case 'n': return literal("null");
-      default: return number(out);
-    }
-  }
-  bool object(Json& out, int depth) {
-    out.kind = Json::kObject;
-    ++p_;
-    space();
-    if (p_ < end_ && *p_ == '}') return ++p_, true;
-    while (true) {
-      space();
-      std::string key;
-      if (p_ == end_ || *p_ != '"' || !string(key)) return false;
-      space();
-      if (p_ == end_ || *p_++ != ':') return false;
-      // A key given twice is refused: Python's reader would take the last, this one the first.
-      if (out.get(key.c_str()) != nullptr) return false;
-      out.members.emplace_back(std::move(key), Json());
-      if (!value(out.members.back().second, depth + 1)) return false;
-      space();
-      if (p_ == end_) return false;
-      if (*p_ == '}') return ++p_, true;
-      if (*p_++ != ',') return false;
-    }
-  }
-  bool array(Json& out, int depth) {
-    out.kind = Json::kArray;
-    ++p_;
-    space();
-    if (p_ < end_ && *p_ == ']') return ++p_, true;
-    while (true) {
-      out.items.emplace_back();
-      if (!value(out.items.back(), depth + 1)) return false;
-      space();
-      if (p_ == end_) return false;
-      if (*p_ == ']') return ++p_, true;
-      if (*p_++ != ',') return false;
-    }
-  }
-  bool string(std::string& out) {
-    ++p_;
-    while (p_ < end_ && *p_ != '"') {
-      unsigned char c = static_cast<unsigned char>(*p_++);
-      if (c < 0x20) return false;
-      if (c != '\\') {
-        out.push_back(static_cast<char>(c));
-        continue;
-      }
-      if (p_ == end_) return false;
-      char e = *p_++;
-      switch (e) {
-        case '"': case '\\': case '/': out.push_back(e); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': {
-          if (end_ - p_ < 4) return false;
-          unsigned code = 0;
-          for (int i = 0; i < 4; ++i) {
-            char h = *p_++;
-            code <<= 4;
-            if (h >= '0' && h <= '9') code |= unsigned(h - '0');
-            else if (h >= 'a' && h <= 'f') code |= unsigned(h - 'a' + 10);
-            else if (h >= 'A' && h <= 'F') code |= unsigned(h - 'A' + 10);
-            else return false;
-          }
-          if (code >= 0xd800 && code < 0xe000) return false;  // surrogates: never in our names
-          if (code < 0x80) out.push_back(char(code));
-          else if (code < 0x800) out += {char(0xc0 | (code >> 6)), char(0x80 | (code & 0x3f))};
-          else out += {char(0xe0 | (code >> 12)), char(0x80 | ((code >> 6) & 0x3f)), char(0x80 | (code & 0x3f))};
-          break;
-        }
-        default: return false;
-      }
-    }
-    if (p_ == end_) return false;
-    ++p_;
-    return true;
-  }
-  bool number(Json& out) {
-    bool negative = p_ < end_ && *p_ == '-';
-    if (negative) ++p_;
-    const char* digits = p_;
-    uint64_t magnitude = 0;
-    bool overflow = false;
-    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
-      if (magnitude > (uint64_t(1) << 62)) overflow = true;
-      magnitude = magnitude * 10 + uint64_t(*p_++ - '0');
-    }
-    if (p_ == digits) return false;
-    bool fraction = false;
-    if (p_ < end_ && *p_ == '.') {
-      fraction = true;
-      const char* f = ++p_;
-      while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
-      if (p_ == f) return false;
-    }
-    if (p_ < end_ && (*p_ == 'e' || *p_ == 'E')) {
-      fraction = true;
-      ++p_;
-      if (p_ < end_ && (*p_ == '+' || *p_ == '-')) ++p_;
-      const char* x = p_;
-      while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
-      if (p_ == x) return false;
-    }
-    if (fraction || overflow) {
-      out.kind = Json::kNumber;  // no binding field takes one
-      return true;
-    }
-    out.kind = Json::kInt;
-    out.integer = negative ? -int64_t(magnitude) : int64_t(magnitude);
-    return true;
-  }
-};
 
 bool fail(std::string& error, const std::string& why) {
   error = "TensorRT blob " + why;
@@ -301,9 +138,23 @@ size_t dtype_size(const std::string& name) {
   return 0;
 }
 
+int dtype_scalar_type(const std::string& name) {
+  for (const auto& d : kDTypes)
+    if (name == d.name) return d.scalar_type;
+  return -1;
+}
+
+std::string dtype_of_scalar_type(int scalar_type) {
+  for (const auto& d : kDTypes)
+    if (scalar_type == d.scalar_type) return d.name;
+  return "scalar type " + std::to_string(scalar_type);
+}
+
 std::string dtype_names() {
   std::string out;
-  for (const auto& d : kDTypes) out += (out.empty() ? "" : ",") + std::string(d.name);
+  for (const auto& d : kDTypes)
+    out += (out.empty() ? "" : ",") + std::string(d.name) + ":" + std::to_string(d.size) + ":" +
+           std::to_string(d.scalar_type);
   return out;
 }
 
@@ -325,7 +176,7 @@ bool decode_blob(const uint8_t* data, size_t size, BlobInfo& out, std::string& e
   }
   const char* text = reinterpret_cast<const char*>(data + meta_offset);
   Json doc;
-  if (!utf8(data + meta_offset, meta_size) || !Parser(text, text + meta_size).document(doc) || doc.kind != Json::kObject)
+  if (!utf8(data + meta_offset, meta_size) || !JsonParser(text, text + meta_size).document(doc) || doc.kind != Json::kObject)
     return fail(error, "metadata is not the expected JSON");
   const Json* bindings = doc.get("io_bindings");
   const Json* digest = doc.get("engine_sha256");

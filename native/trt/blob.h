@@ -35,7 +35,12 @@ bool decode_blob(const uint8_t* data, size_t size, BlobInfo& out, std::string& e
 
 // The element size of a dtype name of the blob contract (0: not one).
 size_t dtype_size(const std::string& name);
-// The dtype names the contract knows, comma-separated (held against pipeline.dtypes by a test).
+// Its ExecuTorch ScalarType number (-1: not one).
+int dtype_scalar_type(const std::string& name);
+// The dtype name of an ExecuTorch ScalarType number ("scalar type N" for one the contract lacks).
+std::string dtype_of_scalar_type(int scalar_type);
+// The dtypes the contract knows, "name:size:scalar_type" comma-separated (held against
+// pipeline.dtypes and ExecuTorch's ScalarType by a test).
 std::string dtype_names();
 
 }  // namespace pipeline_trt

@@ -110,10 +110,15 @@ class SerializeConfig:
     output_name: str | None = None  # default: the model name
 
 
+EXECUTORS = ("pipeline", "executorch")  # the runtimes `runtime.executor` names (pipeline/runtime/executors.py)
+
+
 @dataclass
 class RuntimeConfig:
-    """How the validate step and the benchmark run programs (pipeline.runtime)."""
+    """How the validate step and the benchmark run programs: which runtime (`executor`, one of
+    `EXECUTORS`: pipeline.runtime, or ExecuTorch's runtime with the native delegate) and its options."""
 
+    executor: str = "pipeline"
     cuda_graph: bool = False
     runtime_cache_path: str | None = None
     method_graph: bool = False  # each method one CUDA graph, replayed while its input shapes stay the same

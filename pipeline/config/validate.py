@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from pipeline.config.schema import EXECUTORS
 from pipeline.config.targets import check_prefix, locate
 from pipeline.errors import CompileSpecError, ConfigError
 
@@ -101,6 +102,9 @@ def _check_numbers(cfg: DictConfig) -> None:
                       ("runtime.validation_seed", cfg.get("runtime", {}).get("validation_seed", 1))):
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _SEED_MAX:
             raise ConfigError(f"{key} = {seed!r} must be an integer in 0..2**63-1")
+    executor = cfg.get("runtime", {}).get("executor", "pipeline")
+    if executor not in EXECUTORS:
+        raise ConfigError(f"runtime.executor = {executor!r} is not a runtime; use one of {list(EXECUTORS)}")
     bound = cfg.get("runtime", {}).get("max_rel_error", 0.02)
     if not _positive(bound):
         raise ConfigError(f"runtime.max_rel_error = {bound!r} must be a positive, finite relative error (e.g. 0.02)")

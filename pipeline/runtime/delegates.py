@@ -29,11 +29,12 @@ class TensorRTDelegate:
         self.fresh = frozenset(k for k, i in enumerate(self.outputs) if i in indices)
 
     def donate(self, writes_back: set[tuple[int, int]], read_later: set[int]) -> None:
-        """Let the engine update in place the inputs whose only later use is being overwritten by the
-        output it writes into them (`writes_back`: (input value, output value) of the program's state
+        """Let the engine update in place the inputs the program has it write into (its output value is
+        the input's: `write_back.py`), or whose only later use is being overwritten by the output it
+        writes into them (`writes_back`: (input value, output value) of the program's state
         write-back): a KV cache then stays where it lives, and the write-back copies nothing."""
-        self.donated = frozenset(k for o, k in self.runner.aliases.items()
-                                 if (self.inputs[k], self.outputs[o]) in writes_back and self.inputs[k] not in read_later)
+        self.donated = frozenset(k for o, k in self.runner.aliases.items() if self.inputs[k] == self.outputs[o] or (
+            (self.inputs[k], self.outputs[o]) in writes_back and self.inputs[k] not in read_later))
 
     def __call__(self, values: list[Any]) -> None:
         # The engine writes straight into planned (or new) output tensors: no copies, no host trips.

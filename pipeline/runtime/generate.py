@@ -105,24 +105,26 @@ def main(argv: list[str] | None = None) -> int:
     import time
 
     from pipeline.cli import reported
-    from pipeline.runtime.program import load
+    from pipeline.runtime.executors import EXECUTORS, describe, load_with
 
     parser = argparse.ArgumentParser(prog="python -m pipeline.runtime.generate", description=main.__doc__)
     parser.add_argument("pte", help="a decoder program (prefill and decode methods, max_cache_len)")
     parser.add_argument("--ptd", default=None, help="its .ptd, when its data is external")
     parser.add_argument("--prompt", required=True, help="token ids, space-separated")
     parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--runtime", choices=EXECUTORS, default="pipeline",
+                        help="pipeline.runtime, or ExecuTorch's runtime with the native TensorRT delegate")
     args = parser.parse_args(argv)
     with reported():
         prompt = parse_prompt(args.prompt)
-        program = load(args.pte, args.ptd)
+        program = load_with(args.runtime, args.pte, args.ptd)
         start = time.perf_counter()
         count = 0
         for token in stream(program, prompt, args.max_new_tokens):
             print(token, end=" ", flush=True)
             count += 1
         seconds = time.perf_counter() - start
-    print(f"\n{count} tokens in {seconds:.3f} s ({program.device.type})")
+    print(f"\n{count} tokens in {seconds:.3f} s ({describe(program)})")
     return 0
 
 

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 
 from pipeline import dtypes, record
-from pipeline.errors import ArtifactError, InputError, PipelineError, RuntimeUnavailableError
+from pipeline.errors import ArtifactError, PipelineError, RuntimeUnavailableError
 from pipeline.pte import ProgramFile, read
 from pipeline.runtime.delegates import TensorRTDelegate, make_delegate
 from pipeline.runtime.kernels import resolve
 from pipeline.runtime.values import dtype_of, materialise, state_arenas
-from pipeline.tensor_spec import TensorSpec, check_inputs
+from pipeline.tensor_spec import TensorSpec, check_call
 from pipeline.tensorrt import blob
 from pipeline.tensorrt.engine_runner import LoadedEngine, RuntimeOptions
 
@@ -181,16 +181,7 @@ class Method:
         left half-written is refused too."""
         if self._program.broken is not None:
             raise RuntimeUnavailableError(self._program.broken)
-        if len(inputs) != len(self._specs):
-            raise InputError(f"method {self.name!r} takes {len(self._specs)} inputs, got {len(inputs)}")
-        for i, (spec, value) in enumerate(zip(self._specs, inputs)):
-            if spec is None:
-                continue
-            seen = (value.dtype, value.shape) if isinstance(value, torch.Tensor) else None
-            if seen is None or self._checked[i] != seen:
-                spec.check(f"method {self.name!r} input {i}", value)
-                self._checked[i] = seen
-        check_inputs(f"method {self.name!r}", self._specs, inputs)
+        check_call(f"method {self.name!r}", self._specs, inputs, self._checked)
 
     def _is_new(self, index: int, out: Any) -> bool:
         """Whether output value `index` came back in a new tensor an engine wrote (not planned memory)."""

@@ -105,6 +105,18 @@ def _from_bytes(data: bytes, dtype: torch.dtype, sizes: list[int], device: torch
     return flat.reshape(sizes).to(device)
 
 
+def state_values(plan: Any) -> dict[int, str]:
+    """The values of `plan` that are program state (named mutable buffers in planned memory): index -> name."""
+    out = {}
+    for index, value in enumerate(plan.values):
+        t = value.val
+        info: Any = getattr(t, "extra_tensor_info", None)
+        name = getattr(info, "fully_qualified_name", None)
+        if name and int(getattr(info.location, "value", 0)) == 0 and t.allocation_info is not None:
+            out[index] = str(name)
+    return out
+
+
 def state_arenas(plans: list[Any], device: torch.device) -> dict[int, torch.Tensor]:
     """The program's state: the memory ids that hold its named mutable buffers (a KV cache, which
     ExecuTorch plans at the same place in every method when it shares them), one zeroed arena each,
@@ -117,12 +129,8 @@ def state_arenas(plans: list[Any], device: torch.device) -> dict[int, torch.Tens
     where: dict[str, tuple[int, int]] = {}
     sizes: dict[int, int] = {}
     for plan in plans:
-        for value in plan.values:
-            t = value.val
-            info: Any = getattr(t, "extra_tensor_info", None)
-            name = getattr(info, "fully_qualified_name", None)
-            if not name or int(getattr(info.location, "value", 0)) != 0 or t.allocation_info is None:
-                continue
+        for index, name in state_values(plan).items():
+            t = plan.values[index].val
             place = (int(t.allocation_info.memory_id), _offset(t.allocation_info))
             if where.setdefault(name, place) != place:
                 raise RuntimeUnavailableError(

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline import dtypes
 from pipeline.errors import BlobFormatError
@@ -69,9 +70,13 @@ def python_refusal(data: bytes) -> str:
     return ""
 
 
-def test_dtype_names_are_the_pipelines(reader: Path) -> None:
-    names = subprocess.run([str(reader), "--dtypes"], capture_output=True, text=True, check=True).stdout.split()[0]
-    assert set(names.split(",")) == set(dtypes.BY_NAME)
+def test_dtypes_are_the_pipelines(reader: Path) -> None:
+    """One dtype table: the native reader's names, element sizes and ExecuTorch scalar types are
+    pipeline.dtypes'."""
+    table = subprocess.run([str(reader), "--dtypes"], capture_output=True, text=True, check=True).stdout.split()[0]
+    rows = {name: (int(size), int(code)) for name, size, code in (row.split(":") for row in table.split(","))}
+    assert rows == {name: (torch.empty((), dtype=row.torch).element_size(), row.scalar_type)
+                    for name, row in dtypes.BY_NAME.items()}
 
 
 def test_blobs_the_pipeline_writes_read_the_same(reader: Path, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pipeline.export import write_program
 from pipeline.runtime import load
 from pipeline.steps import run_all
 from pipeline.tensorrt.engine_runner import RuntimeOptions
-from tests.helpers import GPU, MODEL_TOLERANCE, assert_close, assert_not_degenerate
+from tests.helpers import GPU, LEGACY_TR01, MODEL_TOLERANCE, assert_close, assert_not_degenerate, legacy_tr01_case
 
 ZOO = ["mlp", "mobilenet_v3_small", "resnet18", "tiny_decoder"]
 
@@ -246,11 +246,5 @@ def test_engine_outputs_handed_out_without_copies_on_gpu(tmp_path: Path) -> None
 @pytest.mark.gpu
 def test_earlier_blob_layout_runs_on_gpu() -> None:
     """A program written before engines became named data (TR01, engine inline) still runs."""
-    legacy = Path(__file__).parents[1] / "data" / "legacy_tr01.pte"
-    torch.manual_seed(0)  # the model it was built from (tests/data: seed 0, batch 1..16)
-    module = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
-    x = torch.randn(5, 8)
-    with torch.no_grad():
-        ref = module(x)
-    assert_not_degenerate(ref)
-    assert_close(load(legacy).method("forward").execute([x])[0], ref, "fp32", MODEL_TOLERANCE)
+    x, ref = legacy_tr01_case()
+    assert_close(load(LEGACY_TR01).method("forward").execute([x])[0], ref, "fp32", MODEL_TOLERANCE)

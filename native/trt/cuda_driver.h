@@ -1,0 +1,51 @@
+// The part of the CUDA driver API the delegate calls, declared by this project and bound at run
+// time from libcuda.so.1 (the driver every CUDA machine has): the library then builds on machines
+// without CUDA and loads on machines without a GPU, where it says so when a program asks for one.
+// The `_v2` entry points are the ones the driver's own header maps these names to.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace pipeline_trt {
+namespace cuda {
+
+using Status = int;                 // CUresult: 0 is success
+using DevicePtr = unsigned long long;  // CUdeviceptr
+using Stream = void*;               // CUstream (cudaStream_t is the same handle)
+using Context = void*;              // CUcontext
+
+constexpr int kAttrComputeCapabilityMajor = 75;
+constexpr int kAttrComputeCapabilityMinor = 76;
+constexpr unsigned kStreamNonBlocking = 1;
+
+struct Driver {
+  Status (*init)(unsigned flags) = nullptr;
+  Status (*device_get)(int* device, int ordinal) = nullptr;
+  Status (*device_get_count)(int* count) = nullptr;
+  Status (*device_get_attribute)(int* value, int attribute, int device) = nullptr;
+  Status (*primary_context_retain)(Context* context, int device) = nullptr;
+  Status (*context_set_current)(Context context) = nullptr;
+  Status (*mem_alloc)(DevicePtr* ptr, size_t bytes) = nullptr;
+  Status (*mem_free)(DevicePtr ptr) = nullptr;
+  Status (*copy_to_device)(DevicePtr dst, const void* src, size_t bytes, Stream stream) = nullptr;
+  Status (*copy_to_host)(void* dst, DevicePtr src, size_t bytes, Stream stream) = nullptr;
+  Status (*stream_create)(Stream* stream, unsigned flags) = nullptr;
+  Status (*stream_synchronize)(Stream stream) = nullptr;
+  Status (*error_string)(Status status, const char** text) = nullptr;
+};
+
+// The driver, loaded and initialized once with device 0's primary context (the one the CUDA
+// runtime, PyTorch and TensorRT use) made current on the calling thread; nullptr with `error` set
+// when this machine has no usable CUDA driver or device.
+const Driver* driver(std::string& error);
+
+// Make the primary context current on this thread (each thread that calls the driver needs it).
+bool make_current(std::string& error);
+
+// "<call> failed: <the driver's text>".
+std::string describe(const char* call, Status status);
+
+}  // namespace cuda
+}  // namespace pipeline_trt
