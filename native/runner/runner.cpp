@@ -169,15 +169,16 @@ class Runner {
     std::optional<et::MemoryManager> memory;
     std::optional<et::Method> method;
   };
-  // An input's tensor: sizes, dim order and strides for ExecuTorch's TensorImpl over the array's data.
+  // An input's tensor: sizes, dim order and strides for ExecuTorch's TensorImpl over the array's own
+  // data (set_input copies it into the program's planned memory and never writes it).
   struct Held {
     explicit Held(const Array& a)
-        : data(a.data),
-          sizes(a.shape.begin(), a.shape.end()),
+        : sizes(a.shape.begin(), a.shape.end()),
           order(a.shape.size()),
           strides(a.shape.size()),
           impl(static_cast<executorch::aten::ScalarType>(pipeline_trt::dtype_scalar_type(a.dtype)),
-               static_cast<ssize_t>(sizes.size()), sizes.data(), data.data(), fill_order(), fill_strides()) {}
+               static_cast<ssize_t>(sizes.size()), sizes.data(), const_cast<uint8_t*>(a.data.data()), fill_order(),
+               fill_strides()) {}
     executorch::aten::DimOrderType* fill_order() {
       for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<executorch::aten::DimOrderType>(i);
       return order.data();
@@ -190,7 +191,6 @@ class Runner {
       }
       return strides.data();
     }
-    std::vector<uint8_t> data;
     std::vector<executorch::aten::SizesType> sizes;
     std::vector<executorch::aten::DimOrderType> order;
     std::vector<executorch::aten::StridesType> strides;

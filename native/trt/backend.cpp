@@ -136,6 +136,7 @@ struct Delegate {
   void* config = nullptr;  // the runtime config the context was made from (it keeps using it)
   int profile = -1;
   std::vector<std::vector<int64_t>> shapes;  // per input: the shape TensorRT last got
+  std::vector<std::vector<int64_t>> out_shapes;  // per output: its shape for those (empty: not asked yet)
   std::vector<DeviceBuffer> in_buffers, out_buffers;
   std::vector<std::shared_ptr<State>> state;  // per input: its device copy while it is state
   std::vector<void*> bound;                   // per binding (inputs, then outputs): the address last set
@@ -199,6 +200,7 @@ Error select_profile(Delegate& d, const std::vector<std::vector<int64_t>>& shape
     if (set_profile(d.context, p->index, stream)) {
       d.profile = p->index;
       for (auto& s : d.shapes) s.clear();  // a new profile forgets shapes and addresses
+      d.out_shapes.clear();
       for (auto& a : d.bound) a = nullptr;
       return Error::Ok;
     }
@@ -294,8 +296,10 @@ Error run(Delegate& d, Span<EValue*> args) {
     shapes[k].assign(t.sizes().begin(), t.sizes().end());
   }
   if (Error e = select_profile(d, shapes, stream); e != Error::Ok) return e;
+  bool reshaped = d.out_shapes.empty();
   for (size_t k = 0; k < n_in; ++k) {
     if (shapes[k] == d.shapes[k]) continue;
+    reshaped = true;
     if (!set_input_shape(d.context, d.inputs[k]->name, shapes[k]))
       return refuse(Error::InvalidArgument, d.where + ": input '" + d.inputs[k]->name + "' has shape " +
                                                 shape_text(shapes[k]) + ", which the engine's optimization profile " +
@@ -329,12 +333,17 @@ Error run(Delegate& d, Span<EValue*> args) {
     }
     if (Error e = bind(d, k, d.inputs[k]->name, in_addr[k]); e != Error::Ok) return e;
   }
+  if (reshaped) {  // the outputs' shapes follow the inputs': asked of TensorRT only when those change
+    d.out_shapes.clear();
+    for (const Binding* b : d.outputs) d.out_shapes.push_back(context_shape(d.context, b->name));
+  }
   std::vector<void*> out_addr(n_out);
   for (size_t o = 0; o < n_out; ++o) {
     Tensor& t = args[n_in + o]->toTensor();
-    std::vector<int64_t> shape = context_shape(d.context, d.outputs[o]->name);
+    const std::vector<int64_t>& shape = d.out_shapes[o];
     std::vector<executorch::aten::SizesType> sizes(shape.begin(), shape.end());
-    if (et::resize_tensor(t, ArrayRef<executorch::aten::SizesType>(sizes.data(), sizes.size())) != Error::Ok)
+    if (!std::equal(sizes.begin(), sizes.end(), t.sizes().begin(), t.sizes().end()) &&
+        et::resize_tensor(t, ArrayRef<executorch::aten::SizesType>(sizes.data(), sizes.size())) != Error::Ok)
       return refuse(Error::InvalidProgram, d.where + ": output '" + d.outputs[o]->name + "' of shape " +
                                                shape_text(shape) + " does not fit the program's tensor; rebuild it");
     int k = d.alias_of[o];
