@@ -1,6 +1,10 @@
 """State updated where it lives: a program's TensorRT engine that updates a state buffer in place (a
 KV cache, through TensorRT's KV-cache update; the output `aliases` an input in its blob) writes its
-output into the buffer's own value, and the write-back copy ExecuTorch emits after it goes.
+output into the buffer's own value, and the write-back copy ExecuTorch emits after it goes. So does
+an engine that reads a state buffer and writes its new value as a separate output (transformers'
+cache counters, `new = old + T`): the output argument is the buffer's value too, which the runtimes
+take as "this output is that state input's new value" (TensorRT writes it elsewhere, and it is
+copied into the state where the state lives: on the device).
 
 ExecuTorch emits a method that mutates a buffer as "delegate writes a new tensor, then
 `aten::copy_(buffer, new)`". An engine whose output is its input's memory makes that copy a full
@@ -71,13 +75,31 @@ def _write_backs(program: Any, plan: Any, calls: list[Any]) -> dict[int, tuple[A
         meta, _ = blob.decode(bytes(program.backend_delegate_data[plan.delegates[call.delegate_index].processed.index].data))
         inputs = {b.name: k for k, b in enumerate(meta.inputs)}
         for o, binding in enumerate(meta.outputs):
+            arg = len(meta.inputs) + o
+            new = call.args[arg]
             if binding.aliases in inputs:
-                arg = len(meta.inputs) + o
-                state, new = call.args[inputs[binding.aliases]], call.args[arg]
-                copy = _write_back(calls, at, plan, state, new)
-                if copy is not None:
-                    out[copy] = (call, arg, state)
+                state = call.args[inputs[binding.aliases]]
+            else:  # a new value of state the engine reads (a step counter): the same tensor, or left alone
+                state = _copied_into(plan, calls[at + 1:], new)
+                if state not in call.args[: len(meta.inputs)]:
+                    continue
+            copy = _write_back(calls, at, plan, state, new)
+            if copy is not None:
+                out[copy] = (call, arg, state)
     return out
+
+
+def _copied_into(plan: Any, calls: list[Any], new: int) -> int | None:
+    """The value the first `copy_(value, new)` in `calls` writes, when it has `new`'s dtype and sizes."""
+    for call in calls:
+        if type(call).__name__ == "KernelCall" and plan.operators[call.op_index].name == "aten::copy_":
+            state, source = call.args[:2]
+            if source == new:
+                a, b = plan.values[state].val, plan.values[new].val
+                same = type(a).__name__ == type(b).__name__ == "Tensor" and (a.scalar_type, list(a.sizes)) == (
+                    b.scalar_type, list(b.sizes))
+                return state if same else None
+    return None
 
 
 def _write_back(calls: list[Any], at: int, plan: Any, state: int, new: int) -> int | None:

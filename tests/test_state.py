@@ -14,6 +14,7 @@ from pipeline.export import export, save
 from pipeline.models.decoder import MethodView
 from pipeline.pte import read
 from pipeline.runtime import load
+from pipeline.runtime.values import state_values
 from pipeline.tensorrt.blob import decode_op_metadata
 from tests.helpers import GPU
 
@@ -149,11 +150,40 @@ def test_the_program_has_the_engine_write_the_cache_where_it_lives(tmp_path: Pat
     module = Cache().eval()
     calls = {"append": (torch.randn(1, 2, 3, 4), torch.tensor([2])), "read": (torch.randn(1, 2, 1, 4),)}
     program = read(save(_programs(module, calls, engines=True), tmp_path / "cache.pte")["pte"]).program
-    append = next(p for p in program.execution_plan if p.name == "append")
-    (instruction,) = [i.instr_args for c in append.chains for i in c.instructions]  # the engine alone
+    _assert_the_engine_writes_the_state(program, "append", "cache")
+
+
+def test_a_new_value_of_state_the_engine_reads_is_written_into_the_state(tmp_path: Path) -> None:
+    """A state buffer the engine reads and writes as a separate output (`total = total + x`, as
+    transformers' cache counters) gets the engine's output argument too, and its write-back goes:
+    a runtime keeps such state where it lives (the native delegate: on the device) as well."""
+    calls = {"add": (torch.ones(4),), "peek": (torch.ones(4),)}
+    program = read(save(_programs(Accumulator(), calls, engines=True), tmp_path / "acc.pte")["pte"]).program
+    _assert_the_engine_writes_the_state(program, "add", "total")
+
+
+def _assert_the_engine_writes_the_state(program: Any, method: str, buffer: str) -> None:
+    """`method` is one engine call (no write-back copy) that takes the state `buffer` and whose output
+    argument for its new value is the state's own value; the method's inputs and outputs are not state."""
+    plan = next(p for p in program.execution_plan if p.name == method)
+    (instruction,) = [i.instr_args for c in plan.chains for i in c.instructions]  # the engine alone
     assert type(instruction).__name__ == "DelegateCall"
-    cache, x, start, cache_out, out = instruction.args
-    assert cache_out == cache and append.inputs == [x, start] and append.outputs == [out]
+    (state,) = [i for i, name in state_values(plan).items() if name.endswith(buffer)]
+    outputs = len(plan.outputs) + 1  # the method's output and the state's new value
+    inputs, written = instruction.args[:-outputs], instruction.args[-outputs:]
+    assert state in inputs and state in written
+    assert state not in plan.inputs and state not in plan.outputs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_engines_keep_a_new_value_of_state_across_calls_and_methods(tmp_path: Path) -> None:
+    calls = {"add": (torch.ones(4),), "peek": (torch.ones(4),)}
+    program = load(save(_programs(Accumulator(), calls, engines=True), tmp_path / "acc.pte")["pte"])
+    step = torch.tensor([1.0, 2.0, 3.0, 4.0]).cuda()
+    for _ in range(2):
+        program.method("add").execute([step])
+    assert torch.equal(program.method("peek").execute([torch.zeros(4).cuda()])[0].cpu(), 2 * step.cpu())
 
 
 @pytest.mark.gpu

@@ -332,8 +332,9 @@ int64_t argmax_last(const Array& logits) {
   if (logits.dtype != "float32" && logits.dtype != "float16" && logits.dtype != "bfloat16")
     refuse("the logits are " + logits.dtype + "; generate reads float32, float16 or bfloat16");
   int64_t best = 0;
+  float top = value(0);
   for (int64_t v = 1; v < vocab; ++v)
-    if (value(v) > value(best)) best = v;
+    if (float x = value(v); x > top) best = v, top = x;
   return best;
 }
 

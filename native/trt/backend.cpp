@@ -6,12 +6,13 @@
 //         and takes the engine from the process's engines (deserialized once per digest).
 // execute checks every input against its binding (dtype, rank, dims within the built range)
 //         before anything runs, copies inputs to the device, runs the engine and copies outputs
-//         back. State stays on the device: an input the engine updates in place whose output
-//         argument is the input itself (write_back.py) lives in device memory the delegate keeps
-//         for as long as the host memory ExecuTorch planned for it exists: every delegate that is
-//         handed that memory (another method's, when the program shares it; one that only reads it
-//         too) uses the same device copy, so a decode step moves tokens in and logits out, never
-//         the cache. write_back.py rewrites a program so only when TensorRT delegates alone touch
+//         back. State stays on the device: an input whose new value is written into the input
+//         itself (the output argument is the input's: write_back.py; the engine updates it in place,
+//         or writes it elsewhere and the delegate copies it over on the device) lives in device
+//         memory the delegate keeps for as long as the host memory ExecuTorch planned for it
+//         exists: every delegate that is handed that memory (another method's, when the program
+//         shares it; one that only reads it too) uses the same device copy, so a decode step moves
+//         tokens in and logits out, never the cache or its counters. write_back.py rewrites a program so only when TensorRT delegates alone touch
 //         that state, so the host copy ExecuTorch planned is never read stale.
 // A refusal is an ExecuTorch error with one log line naming the input or file and the fix; the
 // line is also kept for callers (pipeline_trt_last_error) and nothing has run or changed.
@@ -307,12 +308,23 @@ Error run(Delegate& d, Span<EValue*> args) {
                                                 last_tensorrt_error() + "); pass a shape in the built range");
     d.shapes[k] = shapes[k];
   }
-  // Outputs first: their shapes (resized in the program) and whether each is written in place.
+  // Outputs first: which write state (their argument is an input's memory, write_back.py). The
+  // engine updates aliased state in place; any other new value of state goes to the delegate's own
+  // buffer and from there into the state's device memory.
   std::vector<bool> in_place(n_in, false);
+  std::vector<int> into(n_out, -1);
   for (size_t o = 0; o < n_out; ++o) {
-    int k = d.alias_of[o];
-    if (k >= 0 && args[n_in + o]->toTensor().const_data_ptr() == args[k]->toTensor().const_data_ptr())
-      in_place[k] = true;
+    const Tensor& out = args[n_in + o]->toTensor();
+    auto is_input = [&](size_t k) {
+      const Tensor& in = args[k]->toTensor();
+      return out.const_data_ptr() == in.const_data_ptr() && out.nbytes() == in.nbytes() && out.nbytes() > 0;
+    };
+    if (int k = d.alias_of[o]; k >= 0) {
+      in_place[k] = in_place[k] || is_input(k);
+      continue;
+    }
+    for (size_t k = 0; k < n_in && into[o] < 0; ++k)
+      if (is_input(k)) into[o] = static_cast<int>(k), in_place[k] = true;
   }
   // Inputs: state stays on the device; the rest are copied in.
   std::vector<void*> in_addr(n_in);
@@ -358,9 +370,14 @@ Error run(Delegate& d, Span<EValue*> args) {
   if (!enqueue(d.context, stream))
     return refuse(Error::Internal, d.where + ": TensorRT failed to run the engine (" + last_tensorrt_error() + ")");
   for (size_t o = 0; o < n_out; ++o) {
-    int k = d.alias_of[o];
     Tensor& t = args[n_in + o]->toTensor();
-    if ((k >= 0 && in_place[k]) || t.nbytes() == 0) continue;  // state stays on the device
+    if (into[o] >= 0) {  // new state: into its device memory
+      cuda::Status s = drv->copy_on_device(reinterpret_cast<cuda::DevicePtr>(in_addr[into[o]]),
+                                           reinterpret_cast<cuda::DevicePtr>(out_addr[o]), t.nbytes(), stream);
+      if (s != 0) return refuse(Error::Internal, d.where + ": " + cuda::describe("cuMemcpyDtoDAsync", s));
+    }
+    int k = d.alias_of[o];
+    if (into[o] >= 0 || (k >= 0 && in_place[k]) || t.nbytes() == 0) continue;  // state stays on the device
     cuda::Status s = drv->copy_to_host(t.mutable_data_ptr(), reinterpret_cast<cuda::DevicePtr>(out_addr[o]),
                                        t.nbytes(), stream);
     if (s != 0) return refuse(Error::Internal, d.where + ": " + cuda::describe("cuMemcpyDtoHAsync", s));

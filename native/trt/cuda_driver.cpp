@@ -32,7 +32,8 @@ bool load() {
         bind(lib, "cuDevicePrimaryCtxRetain", d.primary_context_retain) &&
         bind(lib, "cuCtxSetCurrent", d.context_set_current) && bind(lib, "cuMemAlloc_v2", d.mem_alloc) &&
         bind(lib, "cuMemFree_v2", d.mem_free) && bind(lib, "cuMemcpyHtoDAsync_v2", d.copy_to_device) &&
-        bind(lib, "cuMemcpyDtoHAsync_v2", d.copy_to_host) && bind(lib, "cuStreamCreate", d.stream_create) &&
+        bind(lib, "cuMemcpyDtoHAsync_v2", d.copy_to_host) &&
+        bind(lib, "cuMemcpyDtoDAsync_v2", d.copy_on_device) && bind(lib, "cuStreamCreate", d.stream_create) &&
         bind(lib, "cuStreamSynchronize", d.stream_synchronize) && bind(lib, "cuGetErrorString", d.error_string)))
     return false;
   g_driver = d;

@@ -31,6 +31,7 @@ struct Driver {
   Status (*mem_free)(DevicePtr ptr) = nullptr;
   Status (*copy_to_device)(DevicePtr dst, const void* src, size_t bytes, Stream stream) = nullptr;
   Status (*copy_to_host)(void* dst, DevicePtr src, size_t bytes, Stream stream) = nullptr;
+  Status (*copy_on_device)(DevicePtr dst, DevicePtr src, size_t bytes, Stream stream) = nullptr;
   Status (*stream_create)(Stream* stream, unsigned flags) = nullptr;
   Status (*stream_synchronize)(Stream stream) = nullptr;
   Status (*error_string)(Status status, const char** text) = nullptr;

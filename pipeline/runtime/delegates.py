@@ -22,6 +22,10 @@ class TensorRTDelegate:
         self.runner = EngineRunner(program.engine(ref), meta.io_bindings, program.options, program.stream)
         self.fresh: frozenset[int] = frozenset()  # output positions that may go to new tensors
         self.donated: frozenset[int] = frozenset()  # input positions the engine may update in place
+        # Output positions whose value is a state input's own (`write_back.py`) that the engine does not
+        # alias: written into a tensor of the delegate's, then copied into the state.
+        self.into = frozenset(o for o, v in enumerate(self.outputs) if v in self.inputs and o not in self.runner.aliases)
+        self._scratch: dict[int, torch.Tensor] = {}
 
     def hand_out(self, indices: set[int]) -> None:
         """Let the outputs at these value indices (the method's own outputs) be written into new
@@ -38,10 +42,15 @@ class TensorRTDelegate:
 
     def __call__(self, values: list[Any]) -> None:
         # The engine writes straight into planned (or new) output tensors: no copies, no host trips.
-        outs = self.runner(*[values[i] for i in self.inputs], outputs=[values[i] for i in self.outputs], fresh=self.fresh,
-                           donated=self.donated)
-        for i, out in zip(self.outputs, outs):
-            values[i] = out
+        for o in self.into - self._scratch.keys():
+            self._scratch[o] = torch.empty_like(values[self.outputs[o]])
+        outputs = [self._scratch[o] if o in self.into else values[i] for o, i in enumerate(self.outputs)]
+        outs = self.runner(*[values[i] for i in self.inputs], outputs=outputs, fresh=self.fresh, donated=self.donated)
+        for o, (i, out) in enumerate(zip(self.outputs, outs)):
+            if o in self.into:
+                values[i].copy_(out)
+            else:
+                values[i] = out
 
 
 def make_delegate(backend: str, payload: bytes, args: list[int], program: Any) -> Any:
