@@ -12,8 +12,9 @@
 //         memory the delegate keeps for as long as the host memory ExecuTorch planned for it
 //         exists: every delegate that is handed that memory (another method's, when the program
 //         shares it; one that only reads it too) uses the same device copy, so a decode step moves
-//         tokens in and logits out, never the cache or its counters. write_back.py rewrites a program so only when TensorRT delegates alone touch
-//         that state, so the host copy ExecuTorch planned is never read stale.
+//         tokens in and logits out, never the cache or its counters. write_back.py rewrites a
+//         program so only when TensorRT delegates alone touch that state, so the host copy
+//         ExecuTorch planned is never read stale.
 // A refusal is an ExecuTorch error with one log line naming the input or file and the fix; the
 // line is also kept for callers (pipeline_trt_last_error) and nothing has run or changed.
 #include <executorch/runtime/backend/interface.h>
