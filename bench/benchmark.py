@@ -4,8 +4,9 @@ host tensors copied in and out, as ExecuTorch's runtime takes and gives them), p
 on the .pte (engines step by step, each with and without its CUDA graph, and the whole method as one
 CUDA graph: `RuntimeOptions(method_graph=True)`), and ExecuTorch's own runtime with the native
 TensorRT delegate (from Python, and the C++ runner `pipeline-runner run --repeat`, each with and
-without TensorRT-RTX's CUDA graph); plus compile seconds (engine builds) and file sizes. Prints a markdown table. Variants take turns
-in blocks of calls, so that noise on the machine hits them alike.
+without TensorRT-RTX's CUDA graph; the runner also with each engine call one graph,
+`--method-graph`); plus compile seconds (engine builds) and file sizes. Prints a markdown table.
+Variants take turns in blocks of calls, so that noise on the machine hits them alike.
 
     python bench/benchmark.py --models mobilenet_v3_small resnet18 --precision fp32 fp16
 """
@@ -189,10 +190,13 @@ def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[tor
     with torch.no_grad():
         timed(variants, timing)
     rows = [{"variant": v.name, **_row(v)} for v in variants]
-    return rows + [runner_row(files, name, inputs, graph, timing) for graph in (False, True)]
+    return rows + [runner_row(files, name, inputs, flag, timing) for flag in RUNNER_GRAPHS]
 
 
-def runner_row(files: Any, method: str, inputs: list[torch.Tensor], graph: bool, timing: Timing) -> dict[str, Any]:
+RUNNER_GRAPHS = {"": None, " + CUDA graph": "--cuda-graph", " + method graph": "--method-graph"}  # label: flag
+
+
+def runner_row(files: Any, method: str, inputs: list[torch.Tensor], label: str, timing: Timing) -> dict[str, Any]:
     """The Python-free runner's median over `timing.iters` calls (`pipeline-runner run --repeat`), host
     inputs copied in and outputs out each call, as ExecuTorch's C++ runtime is used."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -201,11 +205,11 @@ def runner_row(files: Any, method: str, inputs: list[torch.Tensor], graph: bool,
         for i, x in enumerate(inputs):
             np.save(Path(tmp) / f"in{i}.npy", x.cpu().numpy())
             args += ["--input", Path(tmp) / f"in{i}.npy"]
-        done = run_runner(*args, *(["--cuda-graph"] if graph else []))
+        done = run_runner(*args, *filter(None, [RUNNER_GRAPHS[label]]))
         if done.returncode != 0:
             raise RuntimeError(f"pipeline-runner failed: {done.stderr.strip()}")
     median = float(re.search(r"median ([0-9.]+) ms", done.stdout).group(1))  # type: ignore[union-attr]
-    return {"variant": "pipeline-runner (C++, no Python)" + (" + CUDA graph" if graph else ""), "first_ms": float("nan"),
+    return {"variant": "pipeline-runner (C++, no Python)" + label, "first_ms": float("nan"),
             "median_ms": median, "p90_ms": float("nan")}
 
 

@@ -165,32 +165,40 @@ def value_check_us(method: Any, token: torch.Tensor, position: torch.Tensor, cal
     return (time.perf_counter() - begin) / calls * 1e6
 
 
+RUNNER_VARIANTS = {  # row label: pipeline-runner's flags
+    "": [],
+    ", TensorRT-RTX CUDA graph": ["--cuda-graph"],
+    ", eager kernels": ["--kernels", "eager"],
+    ", method graph": ["--method-graph"],
+}
+
+
 def runner_rows(files: dict[str, Path], program: Any, vocab: int, prompt_len: int, steps: int) -> list[dict[str, Any]]:
-    """The runner's rows, without and with TensorRT-RTX's CUDA graph (`runner_decode`)."""
+    """The runner's rows, one per `RUNNER_VARIANTS` entry (`runner_decode`)."""
     rows = []
-    for graph in (False, True):
-        row = {"variant": "pipeline-runner (ExecuTorch C++ runtime, native delegate)" + (", CUDA graph" if graph else "")}
-        guarded(row, "decode_tok_s", lambda g=graph, r=row: runner_decode(files, program, vocab, prompt_len, steps, g, r))
+    for label, flags in RUNNER_VARIANTS.items():
+        row = {"variant": "pipeline-runner (ExecuTorch C++ runtime, native delegate)" + label}
+        guarded(row, "decode_tok_s", lambda f=flags, r=row: runner_decode(files, program, vocab, prompt_len, steps, f, r))
         rows.append(row)
     return rows
 
 
-def runner_decode(files: dict[str, Path], program: Any, vocab: int, prompt_len: int, steps: int, graph: bool,
+def runner_decode(files: dict[str, Path], program: Any, vocab: int, prompt_len: int, steps: int, flags: list[str],
                   row: dict[str, Any]) -> float:
-    """Greedy decode tokens/s of the Python-free runner (`pipeline-runner generate`) after a prompt of
-    `prompt_len` tokens; `row` also gets the bytes its delegate copied per decode step and whether
-    its tokens are the ones `pipeline.runtime` generates from the same prompt."""
+    """Greedy decode tokens/s of the Python-free runner (`pipeline-runner generate` with `flags`) after a
+    prompt of `prompt_len` tokens; `row` also gets the bytes its delegate copied per decode step and
+    whether its tokens are the ones `pipeline.runtime` generates from the same prompt."""
     prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
-    args: list[object] = ["generate", files["pte"], "--prompt", " ".join(map(str, prompt)), "--max-new-tokens", steps + 1]
+    args: list[object] = ["generate", files["pte"], "--prompt", " ".join(map(str, prompt)), "--max-new-tokens", steps + 2]
     args += ["--ptd", files["ptd"]] if "ptd" in files else []
-    done = run_runner(*args, *(["--cuda-graph"] if graph else []))
+    done = run_runner(*args, *flags)
     if done.returncode != 0:
         raise RuntimeError(f"pipeline-runner failed: {done.stderr.strip()}")
     tokens = [int(t) for t in done.stdout.splitlines()[0].split()]
     found = re.search(r"\(([0-9.]+) tokens/s\); per step the delegate copied ([0-9]+) bytes in and ([0-9]+) out", done.stdout)
     assert found is not None, done.stdout + done.stderr
     row["per_step"] = {"copied_bytes_in": int(found.group(2)), "copied_bytes_out": int(found.group(3))}
-    ours = generate(program, torch.tensor([prompt]), steps + 1)[0, prompt_len:].tolist()
+    ours = generate(program, torch.tensor([prompt]), steps + 2)[0, prompt_len:].tolist()
     row["same_greedy_tokens_as_pipeline_runtime"] = f"{sum(a == b for a, b in zip(tokens, ours))} of {len(ours)}"
     return float(found.group(1))
 

@@ -31,7 +31,7 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
     comparison proves nothing, on the CPU too, and a warning.
     """
     options = RuntimeOptions(bool(cfg["runtime"]["cuda_graph"]), cfg["runtime"].get("runtime_cache_path"),
-                             bool(cfg["runtime"].get("method_graph", False)))
+                             bool(cfg["runtime"].get("method_graph", False)), str(cfg["runtime"].get("kernels", "lazy")))
     model = objects.model(cfg)
     seed = int(cfg["runtime"]["validation_seed"])
     tolerance = float(cfg["runtime"]["max_rel_error"])

@@ -2,13 +2,19 @@
 // no Python anywhere.
 //
 //   pipeline-runner run PROGRAM.pte [--ptd DATA.ptd] --method NAME [--input X.npy ...]
-//                   [--output-dir DIR] [--repeat N] [--cuda-graph]
+//                   [--output-dir DIR] [--repeat N] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]
 //   pipeline-runner generate PROGRAM.pte [--ptd DATA.ptd] --prompt "1 5 9" [--max-new-tokens N]
-//                   [--prefill prefill] [--decode decode] [--cuda-graph]
+//                   [--prefill prefill] [--decode decode] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]
 //
+// --cuda-graph: TensorRT-RTX's own whole-graph capture. --method-graph: each engine call captured as
+// one CUDA graph once a call repeats the last one's shapes, replayed while they hold (a decode step
+// is then one launch; kernels compiled eagerly).
+// --kernels: when TensorRT-RTX compiles kernels specialized to each new input shape: in the
+// background, running generic kernels until they are ready (lazy, the default); in the first call
+// with that shape (eager: steady calls are fastest from then on); never (none).
 // `run` writes output_<i>.npy per output and prints one line per output; with --repeat, the median
-// milliseconds of N calls. `generate` prints the new token ids greedily chosen, then the first
-// decode step's milliseconds, the steady decode speed after it and the bytes the delegate copied per
+// milliseconds of N calls. `generate` prints the new token ids greedily chosen, then the first two
+// decode steps' milliseconds, the steady decode speed after them and the bytes the delegate copied per
 // steady step. The methods share the program's
 // planned memory, so what prefill writes in the state decode reads; the delegate keeps that state on
 // the device. Inputs are checked against the program record (dtype, dims, values) before any run.
@@ -27,6 +33,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -42,7 +49,8 @@
 
 extern "C" {
 const char* pipeline_trt_last_error();
-void pipeline_trt_set_cuda_graph(int on);
+int pipeline_trt_set_cuda_graph(int mode);
+int pipeline_trt_set_kernel_specialization(int strategy);
 unsigned long long pipeline_trt_bytes_to_device();
 unsigned long long pipeline_trt_bytes_to_host();
 }
@@ -235,14 +243,16 @@ struct Args {
   std::optional<std::string> ptd;
   std::vector<std::string> inputs;
   int repeat = 0, max_new_tokens = 16;
-  bool cuda_graph = false;
+  int graphs = 0;   // pipeline_trt_set_cuda_graph's mode
+  int kernels = 0;  // pipeline_trt_set_kernel_specialization's strategy
 };
 
 const char* const kUsage =
     "usage: pipeline-runner run PROGRAM.pte [--ptd DATA.ptd] --method NAME [--input X.npy ...] [--output-dir DIR] "
-    "[--repeat N] [--cuda-graph]\n"
+    "[--repeat N] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]\n"
     "       pipeline-runner generate PROGRAM.pte [--ptd DATA.ptd] --prompt \"1 5 9\" [--max-new-tokens N] "
-    "[--prefill NAME] [--decode NAME] [--cuda-graph]";
+    "[--prefill NAME] [--decode NAME] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]";
+const char* const kKernels[] = {"lazy", "eager", "none"};
 
 int to_int(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -259,8 +269,10 @@ Args parse(int argc, char** argv) {
   if (a.command != "run" && a.command != "generate") refuse(kUsage);
   for (int i = 3; i < argc; ++i) {
     std::string flag = argv[i];
-    if (flag == "--cuda-graph") {
-      a.cuda_graph = true;
+    if (flag == "--cuda-graph" || flag == "--method-graph") {
+      int mode = flag == "--cuda-graph" ? 1 : 2;
+      if (a.graphs != 0 && a.graphs != mode) refuse("--cuda-graph and --method-graph exclude each other: pass one");
+      a.graphs = mode;
       continue;
     }
     if (i + 1 >= argc) refuse(flag + " needs a value\n" + kUsage);
@@ -274,6 +286,11 @@ Args parse(int argc, char** argv) {
     else if (flag == "--max-new-tokens") a.max_new_tokens = to_int(flag, value);
     else if (flag == "--prefill") a.prefill = value;
     else if (flag == "--decode") a.decode = value;
+    else if (flag == "--kernels") {
+      auto found = std::find(std::begin(kKernels), std::end(kKernels), value);
+      if (found == std::end(kKernels)) refuse("--kernels takes lazy, eager or none, got '" + value + "'");
+      a.kernels = static_cast<int>(found - std::begin(kKernels));
+    }
     else refuse("unknown option " + flag + "\n" + kUsage);
   }
   return a;
@@ -308,33 +325,41 @@ int run(Runner& runner, const Args& a) {
   return 0;
 }
 
-// The last position's highest logit (logits [1, T, V], float32 / float16 / bfloat16).
+// A 16-bit float's bits (float16 or bfloat16: sign, then magnitude) as an integer ordered as the
+// values are, -0 as +0; a NaN (magnitude above `inf`) lowest, so it never wins.
+int32_t ordered_half(uint16_t h, uint16_t inf) {
+  const int32_t magnitude = h & 0x7fff;
+  if (magnitude > inf) return INT32_MIN;
+  return (h & 0x8000) ? -magnitude : magnitude;
+}
+
+// The last position's highest logit (logits [1, T, V], float32 / float16 / bfloat16), the first of
+// equal ones. The dtype is looked at once: this runs every decode step, over the whole vocabulary.
 int64_t argmax_last(const Array& logits) {
   if (logits.shape.size() != 3) refuse("the prefill/decode output is not logits [1, T, vocab]");
   const int64_t vocab = logits.shape[2], row = logits.shape[1] - 1;
-  auto value = [&](int64_t v) -> float {
-    const uint8_t* p = logits.data.data();
-    size_t at = static_cast<size_t>(row * vocab + v);
-    if (logits.dtype == "float32") { float f; std::memcpy(&f, p + at * 4, 4); return f; }
-    uint16_t h;
-    std::memcpy(&h, p + at * 2, 2);
-    uint32_t bits;
-    if (logits.dtype == "bfloat16") bits = uint32_t(h) << 16;
-    else {  // float16
-      uint32_t sign = uint32_t(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-      if (exp == 0) { float f = std::ldexp(float(man), -24); return sign ? -f : f; }
-      bits = sign | (exp == 31 ? 0xff << 23 : (exp + 112) << 23) | (man << 13);
-    }
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  };
-  if (logits.dtype != "float32" && logits.dtype != "float16" && logits.dtype != "bfloat16")
-    refuse("the logits are " + logits.dtype + "; generate reads float32, float16 or bfloat16");
+  const uint8_t* p = logits.data.data();
   int64_t best = 0;
-  float top = value(0);
-  for (int64_t v = 1; v < vocab; ++v)
-    if (float x = value(v); x > top) best = v, top = x;
+  if (logits.dtype == "float32") {
+    const size_t at = static_cast<size_t>(row * vocab) * 4;
+    float top = -INFINITY;
+    for (int64_t v = 0; v < vocab; ++v) {
+      float x;
+      std::memcpy(&x, p + at + static_cast<size_t>(v) * 4, 4);
+      if (x > top) best = v, top = x;
+    }
+    return best;
+  }
+  if (logits.dtype != "float16" && logits.dtype != "bfloat16")
+    refuse("the logits are " + logits.dtype + "; generate reads float32, float16 or bfloat16");
+  const uint16_t inf = logits.dtype == "float16" ? 0x7c00 : 0x7f80;
+  const size_t at = static_cast<size_t>(row * vocab) * 2;
+  int32_t top = INT32_MIN;
+  for (int64_t v = 0; v < vocab; ++v) {
+    uint16_t h;
+    std::memcpy(&h, p + at + static_cast<size_t>(v) * 2, 2);
+    if (int32_t x = ordered_half(h, inf); x > top) best = v, top = x;
+  }
   return best;
 }
 
@@ -367,28 +392,31 @@ int generate(Runner& runner, const Args& a) {
   int64_t token = argmax_last(runner.call(a.prefill, {ints(prompt, {1, position}), ints({0}, {1})})[0]);
   std::printf("%lld", static_cast<long long>(token));
   std::fflush(stdout);
-  // The first decode step makes its execution context and kernels: timed alone, then the steady state.
+  // The first decode step makes its execution context and kernels, the second captures its graph
+  // (--method-graph): both timed apart from the steady state.
+  constexpr int kWarm = 2;
   using Clock = std::chrono::steady_clock;
-  double first_ms = 0;
+  double warm_ms = 0;
   unsigned long long to_device = 0, to_host = 0;
   Clock::time_point t0;
   int steps = 0;
   for (int i = 1; i < a.max_new_tokens; ++i, ++position) {
     auto begin = Clock::now();
-    if (i == 2) {
+    if (i == kWarm + 1) {
       to_device = pipeline_trt_bytes_to_device(), to_host = pipeline_trt_bytes_to_host();
       t0 = begin;
     }
     token = argmax_last(runner.call(a.decode, {ints({token}, {1, 1}), ints({position}, {1})})[0]);
-    if (i == 1) first_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
+    if (i <= kWarm) warm_ms += std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
     else ++steps;
     std::printf(" %lld", static_cast<long long>(token));
     std::fflush(stdout);
   }
   double s = steps ? std::chrono::duration<double>(Clock::now() - t0).count() : 0.0;
-  std::printf("\nfirst decode step %.3f ms; then %d decode steps in %.4f s (%.1f tokens/s); per step the delegate "
-              "copied %llu bytes in and %llu out\n",
-              first_ms, steps, s, steps ? steps / s : 0.0, steps ? (pipeline_trt_bytes_to_device() - to_device) / steps : 0ULL,
+  std::printf("\nfirst %d decode steps %.3f ms; then %d decode steps in %.4f s (%.1f tokens/s); per step the "
+              "delegate copied %llu bytes in and %llu out\n",
+              kWarm, warm_ms, steps, s, steps ? steps / s : 0.0,
+              steps ? (pipeline_trt_bytes_to_device() - to_device) / steps : 0ULL,
               steps ? (pipeline_trt_bytes_to_host() - to_host) / steps : 0ULL);
   return 0;
 }
@@ -399,7 +427,8 @@ int main(int argc, char** argv) {
   et::runtime_init();
   try {
     Args a = parse(argc, argv);
-    pipeline_trt_set_cuda_graph(a.cuda_graph ? 1 : 0);
+    pipeline_trt_set_cuda_graph(a.graphs);
+    pipeline_trt_set_kernel_specialization(a.kernels);
     Runner runner(a.pte, a.ptd);
     return a.command == "run" ? run(runner, a) : generate(runner, a);
   } catch (const Refusal& r) {

@@ -45,6 +45,8 @@ int main() {
   call<engine_slot::kIOTensorName, const char*>(e, int32_t{0});
   mark("create_runtime_config");
   void* rc = call<engine_slot::kCreateRuntimeConfig, void*>(e);
+  mark("kernel_specialization=");
+  call<config_slot::kSetKernelSpecialization, void>(rc, KernelSpecialization::kEager);
   mark("cuda_graph_strategy=");
   call<config_slot::kSetCudaGraphStrategy, bool>(rc, CudaGraphStrategy::kWholeGraphCapture);
   mark("create_execution_context(rc)");

@@ -36,6 +36,9 @@ enum class IOMode : int32_t { kNone = 0, kInput = 1, kOutput = 2 };
 enum class ProfileSelector : int32_t { kMin = 0, kOpt = 1, kMax = 2 };
 enum class Severity : int32_t { kInternalError = 0, kError = 1, kWarning = 2, kInfo = 3, kVerbose = 4 };
 enum class CudaGraphStrategy : int32_t { kDisabled = 0, kWholeGraphCapture = 1 };  // TensorRT-RTX
+// When TensorRT-RTX compiles kernels specialized to a new input shape: in the background, running
+// generic kernels until then (lazy); before the call returns (eager); never (none).
+enum class KernelSpecialization : int32_t { kLazy = 0, kEager = 1, kNone = 2 };  // TensorRT-RTX
 
 // ---- the logger TensorRT calls ---------------------------------------------------------------------
 // A versioned interface: language, interface info, destructor, then log().
@@ -76,9 +79,10 @@ constexpr int kTensorShape = 21;                  // Dims (const char* name)
 constexpr int kSetTensorAddress = 23;             // bool (const char* name, void* address)
 constexpr int kEnqueueV3 = 36;                    // bool (cudaStream_t)
 }  // namespace context_slot
-namespace config_slot {
-constexpr int kSetCudaGraphStrategy = 10;  // bool (CudaGraphStrategy) (TensorRT-RTX)
-}
+namespace config_slot {  // TensorRT-RTX
+constexpr int kSetKernelSpecialization = 8;  // void (KernelSpecialization)
+constexpr int kSetCudaGraphStrategy = 10;    // bool (CudaGraphStrategy)
+}  // namespace config_slot
 
 // The C factory every TensorRT library exports; `version` is the library's own
 // (getInferLibVersion), which it checks.

@@ -6,7 +6,8 @@
 //         and takes the engine from the process's engines (deserialized once per digest).
 // execute checks every input against its binding (dtype, rank, dims within the built range)
 //         before anything runs, copies inputs to the device, runs the engine and copies outputs
-//         back. State stays on the device: an input whose new value is written into the input
+//         back (under Graphs::kCall the engine call is a CUDA graph once a call repeats the last
+//         one's shapes and addresses, replayed while they hold). State stays on the device: an input whose new value is written into the input
 //         itself (the output argument is the input's: write_back.py; the engine updates it in place,
 //         or writes it elsewhere and the delegate copies it over on the device) lives in device
 //         memory the delegate keeps for as long as the host memory ExecuTorch planned for it
@@ -59,7 +60,7 @@ namespace {
 // ---- options, counters and the last refusal ------------------------------------------------------
 struct Settings {
   std::mutex mutex;
-  bool cuda_graph = false;      // TensorRT-RTX whole-graph capture, for delegates initialized from now on
+  ContextOptions context;      // for delegates initialized from now on
   cuda::Stream stream = nullptr;  // the one stream every delegate runs on (nullptr: made when first needed)
   std::string last_error;
 };
@@ -124,6 +125,28 @@ StateRegistry& states() {
   return *r;
 }
 
+// ---- one engine call as a CUDA graph (Graphs::kCall) -----------------------------------------------
+// What a captured call depends on: the profile, the input shapes and every binding's address.
+struct CallKey {
+  int profile = -1;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<void*> bound;
+  bool operator==(const CallKey& o) const { return profile == o.profile && shapes == o.shapes && bound == o.bound; }
+};
+struct CallGraph {
+  cuda::GraphExec exec = nullptr;
+  CallKey captured;   // what `exec` was captured for
+  CallKey last;       // the last call's (a call repeating it is captured: the first ran uncaptured, warm)
+  bool refused = false;  // TensorRT's call could not be captured: always run it directly
+
+  void drop() {
+    std::string error;
+    const cuda::Driver* drv = exec != nullptr ? cuda::driver(error) : nullptr;
+    if (drv != nullptr) drv->graph_exec_destroy(exec);
+    exec = nullptr;
+  }
+};
+
 // ---- one delegate --------------------------------------------------------------------------------
 struct Delegate {
   BlobInfo info;
@@ -133,7 +156,7 @@ struct Delegate {
   std::vector<bool> written;  // per input: an output updates it in place
   std::vector<std::string> input_names;
   std::shared_ptr<Engine> engine;
-  bool cuda_graph = false;  // the setting when the delegate was initialized
+  ContextOptions options;  // the settings when the delegate was initialized
   void* context = nullptr;
   void* config = nullptr;  // the runtime config the context was made from (it keeps using it)
   int profile = -1;
@@ -142,9 +165,11 @@ struct Delegate {
   std::vector<DeviceBuffer> in_buffers, out_buffers;
   std::vector<std::shared_ptr<State>> state;  // per input: its device copy while it is state
   std::vector<void*> bound;                   // per binding (inputs, then outputs): the address last set
+  CallGraph graph;                            // Graphs::kCall: the engine call as a CUDA graph
   std::mutex mutex;
 
   ~Delegate() {
+    graph.drop();
     destroy_object(context);
     destroy_object(config);
   }
@@ -180,7 +205,7 @@ Error check_input(const Delegate& d, size_t k, const EValue* arg) {
 Error ensure_context(Delegate& d) {
   if (d.context != nullptr) return Error::Ok;
   std::string error;
-  d.context = d.engine->make_context(d.cuda_graph, d.config, error);
+  d.context = d.engine->make_context(d.options, d.config, error);
   if (d.context == nullptr) {
     const char* tf32 = std::getenv("NVIDIA_TF32_OVERRIDE");
     return refuse(Error::DelegateInvalidCompatibility,
@@ -271,6 +296,46 @@ Error state_for(Delegate& d, size_t k, const Tensor& t, const cuda::Driver* drv,
     mine = found;
   }
   *out = reinterpret_cast<void*>(mine->device.ptr);
+  return Error::Ok;
+}
+
+// Capture TensorRT's call on `stream` as a graph; false (nothing captured, nothing run) when it
+// cannot be: TensorRT then runs the call directly from now on.
+bool capture(Delegate& d, const cuda::Driver* drv, cuda::Stream stream) {
+  if (drv->begin_capture(stream, cuda::kCaptureThreadLocal) != 0) return false;
+  bool ran = enqueue(d.context, stream);
+  cuda::Graph graph = nullptr;
+  bool ok = drv->end_capture(stream, &graph) == 0 && ran && graph != nullptr;
+  cuda::GraphExec exec = nullptr;
+  ok = ok && drv->graph_instantiate(&exec, graph, 0) == 0;
+  if (graph != nullptr) drv->graph_destroy(graph);
+  if (!ok) return false;
+  d.graph.drop();
+  d.graph.exec = exec;
+  return true;
+}
+
+// Run the engine on the bound addresses: its call's graph while the shapes and addresses it was
+// captured for hold; else TensorRT's call, captured when it repeats the last call's.
+Error launch(Delegate& d, const cuda::Driver* drv, cuda::Stream stream) {
+  if (d.options.graphs == Graphs::kCall && !d.graph.refused) {
+    CallKey now{d.profile, d.shapes, d.bound};
+    bool replay = d.graph.exec != nullptr && d.graph.captured == now;
+    if (!replay && d.graph.last == now) {
+      replay = capture(d, drv, stream);
+      d.graph.refused = !replay;
+      if (!replay) ET_LOG(Info, "%s: its TensorRT call cannot be captured as a CUDA graph; it runs uncaptured", d.where.c_str());
+      if (replay) d.graph.captured = now;
+    }
+    d.graph.last = std::move(now);
+    if (replay) {
+      cuda::Status s = drv->graph_launch(d.graph.exec, stream);
+      if (s != 0) return refuse(Error::Internal, d.where + ": " + cuda::describe("cuGraphLaunch", s));
+      return Error::Ok;
+    }
+  }
+  if (!enqueue(d.context, stream))
+    return refuse(Error::Internal, d.where + ": TensorRT failed to run the engine (" + last_tensorrt_error() + ")");
   return Error::Ok;
 }
 
@@ -368,8 +433,7 @@ Error run(Delegate& d, Span<EValue*> args) {
     }
     if (Error e = bind(d, n_in + o, d.outputs[o]->name, out_addr[o]); e != Error::Ok) return e;
   }
-  if (!enqueue(d.context, stream))
-    return refuse(Error::Internal, d.where + ": TensorRT failed to run the engine (" + last_tensorrt_error() + ")");
+  if (Error e = launch(d, drv, stream); e != Error::Ok) return e;
   for (size_t o = 0; o < n_out; ++o) {
     Tensor& t = args[n_in + o]->toTensor();
     if (into[o] >= 0) {  // new state: into its device memory
@@ -471,7 +535,7 @@ class TensorRTBackend final : public et::BackendInterface {
     if (!d->engine) return refuse(Error::DelegateInvalidCompatibility, d->where + ": " + error);
     {
       std::lock_guard<std::mutex> lock(settings().mutex);
-      d->cuda_graph = settings().cuda_graph;
+      d->options = settings().context;
     }
     d->shapes.resize(d->inputs.size());
     d->in_buffers.resize(d->inputs.size());
@@ -501,10 +565,23 @@ const Error g_registered = et::register_backend(g_entry);
 extern "C" {
 // 0 when TensorRTBackend is in ExecuTorch's registry.
 int pipeline_trt_registered() { return static_cast<int>(pipeline_trt::g_registered); }
-// Whole-graph CUDA graph capture (TensorRT-RTX) for delegates initialized from now on.
-void pipeline_trt_set_cuda_graph(int on) {
+// CUDA graphs for delegates initialized from now on: 0 none; 1 TensorRT-RTX's whole-graph capture;
+// 2 each engine call captured by the delegate, replayed while its input shapes and addresses stay
+// the same (its kernels then compiled eagerly). Returns 0, or -1 (nothing changed) for another value.
+int pipeline_trt_set_cuda_graph(int mode) {
+  if (mode < 0 || mode > 2) return -1;
   std::lock_guard<std::mutex> lock(pipeline_trt::settings().mutex);
-  pipeline_trt::settings().cuda_graph = on != 0;
+  pipeline_trt::settings().context.graphs = static_cast<pipeline_trt::Graphs>(mode);
+  return 0;
+}
+// When TensorRT-RTX compiles shape-specialized kernels, for delegates initialized from now on:
+// 0 in the background, generic kernels until then (the default); 1 before the call returns; 2 never.
+// Returns 0, or -1 (nothing changed) for another value.
+int pipeline_trt_set_kernel_specialization(int strategy) {
+  if (strategy < 0 || strategy > 2) return -1;
+  std::lock_guard<std::mutex> lock(pipeline_trt::settings().mutex);
+  pipeline_trt::settings().context.kernels = static_cast<pipeline_trt::abi::KernelSpecialization>(strategy);
+  return 0;
 }
 // Run every delegate on this CUDA stream (a cudaStream_t / CUstream of the primary context).
 void pipeline_trt_set_stream(void* stream) {

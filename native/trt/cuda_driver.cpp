@@ -34,7 +34,10 @@ bool load() {
         bind(lib, "cuMemFree_v2", d.mem_free) && bind(lib, "cuMemcpyHtoDAsync_v2", d.copy_to_device) &&
         bind(lib, "cuMemcpyDtoHAsync_v2", d.copy_to_host) &&
         bind(lib, "cuMemcpyDtoDAsync_v2", d.copy_on_device) && bind(lib, "cuStreamCreate", d.stream_create) &&
-        bind(lib, "cuStreamSynchronize", d.stream_synchronize) && bind(lib, "cuGetErrorString", d.error_string)))
+        bind(lib, "cuStreamSynchronize", d.stream_synchronize) && bind(lib, "cuGetErrorString", d.error_string) &&
+        bind(lib, "cuStreamBeginCapture_v2", d.begin_capture) && bind(lib, "cuStreamEndCapture", d.end_capture) &&
+        bind(lib, "cuGraphInstantiateWithFlags", d.graph_instantiate) && bind(lib, "cuGraphLaunch", d.graph_launch) &&
+        bind(lib, "cuGraphDestroy", d.graph_destroy) && bind(lib, "cuGraphExecDestroy", d.graph_exec_destroy)))
     return false;
   g_driver = d;
   Status s = d.init(0);

@@ -15,10 +15,13 @@ using Status = int;                 // CUresult: 0 is success
 using DevicePtr = unsigned long long;  // CUdeviceptr
 using Stream = void*;               // CUstream (cudaStream_t is the same handle)
 using Context = void*;              // CUcontext
+using Graph = void*;                // CUgraph
+using GraphExec = void*;            // CUgraphExec
 
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr unsigned kStreamNonBlocking = 1;
+constexpr int kCaptureThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 
 struct Driver {
   Status (*init)(unsigned flags) = nullptr;
@@ -35,6 +38,12 @@ struct Driver {
   Status (*stream_create)(Stream* stream, unsigned flags) = nullptr;
   Status (*stream_synchronize)(Stream stream) = nullptr;
   Status (*error_string)(Status status, const char** text) = nullptr;
+  Status (*begin_capture)(Stream stream, int mode) = nullptr;
+  Status (*end_capture)(Stream stream, Graph* graph) = nullptr;
+  Status (*graph_instantiate)(GraphExec* exec, Graph graph, unsigned long long flags) = nullptr;
+  Status (*graph_launch)(GraphExec exec, Stream stream) = nullptr;
+  Status (*graph_destroy)(Graph graph) = nullptr;
+  Status (*graph_exec_destroy)(GraphExec exec) = nullptr;
 };
 
 // The driver, loaded and initialized once with device 0's primary context (the one the CUDA

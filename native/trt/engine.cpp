@@ -99,14 +99,19 @@ bool Profile::fits(const std::vector<std::vector<int64_t>>& shapes) const {
 
 Engine::~Engine() { destroy_object(engine_); }
 
-void* Engine::make_context(bool cuda_graph, void*& config, std::string& error) const {
+void* Engine::make_context(const ContextOptions& options, void*& config, std::string& error) const {
   config = abi::call<abi::engine_slot::kCreateRuntimeConfig, void*>(engine_);
   if (config == nullptr) {
     error = "TensorRT made no runtime config (" + last_tensorrt_error() + ")";
     return nullptr;
   }
-  if (cuda_graph && library_in_use().find("rtx") != std::string::npos)
-    abi::call<abi::config_slot::kSetCudaGraphStrategy, bool>(config, abi::CudaGraphStrategy::kWholeGraphCapture);
+  if (library_in_use().find("rtx") != std::string::npos) {
+    // a call's graph would keep the generic kernels it captured: specialize them first
+    abi::call<abi::config_slot::kSetKernelSpecialization, void>(
+        config, options.graphs == Graphs::kCall ? abi::KernelSpecialization::kEager : options.kernels);
+    if (options.graphs == Graphs::kTensorRT)
+      abi::call<abi::config_slot::kSetCudaGraphStrategy, bool>(config, abi::CudaGraphStrategy::kWholeGraphCapture);
+  }
   void* context = abi::call<abi::engine_slot::kCreateContextWithConfig, void*>(engine_, config);
   if (context == nullptr) {
     error = "TensorRT made no execution context (" + last_tensorrt_error() + ")";

@@ -20,15 +20,25 @@ struct Profile {
   bool fits(const std::vector<std::vector<int64_t>>& shapes) const;
 };
 
+// Which CUDA graphs a delegate's engine calls run as: none; TensorRT-RTX's whole-graph capture;
+// or each call captured by the delegate and replayed while its input shapes and addresses stay
+// the same (`runtime.method_graph`: a call is one launch).
+enum class Graphs : int { kNone = 0, kTensorRT = 1, kCall = 2 };
+
+// How a context runs, set when it is made (TensorRT-RTX only; standard TensorRT ignores them).
+struct ContextOptions {
+  Graphs graphs = Graphs::kNone;
+  abi::KernelSpecialization kernels = abi::KernelSpecialization::kLazy;  // eager under Graphs::kCall
+};
+
 class Engine {
  public:
   ~Engine();
   void* handle() const { return engine_; }
   const std::vector<Profile>& profiles() const { return profiles_; }
-  // A new execution context made from a runtime config (with TensorRT-RTX's whole-graph CUDA graph
-  // capture when asked), which it uses for as long as it lives: the caller destroys the context,
-  // then `config`. nullptr with `error` set.
-  void* make_context(bool cuda_graph, void*& config, std::string& error) const;
+  // A new execution context made from a runtime config set to `options`, which it uses for as long
+  // as it lives: the caller destroys the context, then `config`. nullptr with `error` set.
+  void* make_context(const ContextOptions& options, void*& config, std::string& error) const;
 
  private:
   friend std::shared_ptr<Engine> load_engine(const std::string&, const void*, size_t,

@@ -111,6 +111,10 @@ class SerializeConfig:
 
 
 EXECUTORS = ("pipeline", "executorch")  # the runtimes `runtime.executor` names (pipeline/runtime/executors.py)
+# When TensorRT-RTX compiles kernels specialized to a new input shape (`runtime.kernels`): in the
+# background, generic kernels running until then; in the first call with that shape; never. In this
+# order they are TensorRT-RTX's own strategy values (its native API takes the index).
+KERNELS = ("lazy", "eager", "none")
 
 
 @dataclass
@@ -122,6 +126,7 @@ class RuntimeConfig:
     cuda_graph: bool = False
     runtime_cache_path: str | None = None
     method_graph: bool = False  # each method one CUDA graph, replayed while its input shapes stay the same
+    kernels: str = "lazy"  # one of KERNELS (TensorRT-RTX; method_graph compiles them eagerly)
     validation_seed: int = 1
     max_rel_error: float = 0.02  # an autotune counts only builds within this of eager PyTorch
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from pipeline.config.schema import EXECUTORS
+from pipeline.config.schema import EXECUTORS, KERNELS
 from pipeline.config.targets import check_prefix, locate
 from pipeline.errors import CompileSpecError, ConfigError
 
@@ -105,6 +105,9 @@ def _check_numbers(cfg: DictConfig) -> None:
     executor = cfg.get("runtime", {}).get("executor", "pipeline")
     if executor not in EXECUTORS:
         raise ConfigError(f"runtime.executor = {executor!r} is not a runtime; use one of {list(EXECUTORS)}")
+    kernels = cfg.get("runtime", {}).get("kernels", "lazy")
+    if kernels not in KERNELS:
+        raise ConfigError(f"runtime.kernels = {kernels!r} is not a kernel specialization strategy; use one of {list(KERNELS)}")
     bound = cfg.get("runtime", {}).get("max_rel_error", 0.02)
     if not _positive(bound):
         raise ConfigError(f"runtime.max_rel_error = {bound!r} must be a positive, finite relative error (e.g. 0.02)")

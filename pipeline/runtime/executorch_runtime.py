@@ -55,7 +55,7 @@ class NativeMethod:
         host = [x.detach().cpu().contiguous() if isinstance(x, torch.Tensor) else x for x in inputs]
         backend = self._program.backend
         backend.pipeline_trt_clear_error()
-        backend.pipeline_trt_set_cuda_graph(int(self._program.options.cuda_graph))  # for delegates initialized now
+        self._program.apply_options()  # for delegates initialized now
         try:
             outs = self._run(host)
         except RuntimeError as exc:
@@ -110,6 +110,12 @@ class ExecuTorchProgram:
             self._methods[name] = NativeMethod(self, name)
         return self._methods[name]
 
+    def apply_options(self) -> None:
+        """Hand this program's runtime options to the delegate, for delegates initialized from now on."""
+        graphs = 2 if self.options.method_graph else int(self.options.cuda_graph)  # each engine call one graph, or RTX's
+        self.backend.pipeline_trt_set_cuda_graph(graphs)
+        self.backend.pipeline_trt_set_kernel_specialization(self.options.kernel_strategy)
+
     def runner(self, name: str) -> Any:
         """A function running method `name` on host inputs (its delegates initialized now).
 
@@ -117,7 +123,7 @@ class ExecuTorchProgram:
             RuntimeUnavailableError: a delegate refused to initialize (its line says why).
         """
         self.backend.pipeline_trt_clear_error()
-        self.backend.pipeline_trt_set_cuda_graph(int(self.options.cuda_graph))
+        self.apply_options()
         try:
             if self._module is not None:
                 module = self._module

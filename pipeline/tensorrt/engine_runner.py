@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from pipeline.config.schema import KERNELS
 from pipeline.errors import BlobFormatError, InputError, RuntimeUnavailableError
 from pipeline.tensorrt import build_env
 from pipeline.tensorrt.blob import IOBinding
@@ -26,11 +27,20 @@ class RuntimeOptions:
             them) in one CUDA graph and replays it while the input shapes stay the same: a call is
             one launch. Engines then compile their shape-specialized kernels before the first run
             returns (a graph must not capture the generic ones), and do not capture graphs of their own.
+        kernels: when TensorRT-RTX compiles kernels specialized to a new input shape, one of
+            `KERNELS`: in the background, generic kernels running until then (lazy); in the first
+            call with that shape (eager); never (none).
     """
 
     cuda_graph: bool = False
     runtime_cache_path: str | None = None
     method_graph: bool = False
+    kernels: str = "lazy"
+
+    @property
+    def kernel_strategy(self) -> int:
+        """`kernels` as TensorRT-RTX's strategy value (eager under `method_graph`)."""
+        return KERNELS.index("eager" if self.method_graph else self.kernels)
 
 
 def cuda_ready() -> bool:
@@ -112,9 +122,10 @@ class EngineRunner:
         if not hasattr(self.engine, "create_runtime_config"):
             return self.engine.create_execution_context()
         config = self.engine.create_runtime_config()
-        if self.options.method_graph:  # captured by the method's graph: generic kernels would stay in it
-            config.dynamic_shapes_kernel_specialization_strategy = t.DynamicShapesKernelSpecializationStrategy.EAGER
-        elif self.options.cuda_graph:
+        # under a method graph eager: the graph captured would keep generic kernels
+        config.dynamic_shapes_kernel_specialization_strategy = t.DynamicShapesKernelSpecializationStrategy(
+            self.options.kernel_strategy)
+        if self.options.cuda_graph and not self.options.method_graph:
             config.cuda_graph_strategy = t.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
         if self.options.runtime_cache_path:
             cache = config.create_runtime_cache()

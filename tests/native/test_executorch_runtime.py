@@ -32,15 +32,35 @@ class Counter(torch.nn.Module):
     """A decoder of the runner's shape (tokens, start) -> logits [1, T, VOCAB] whose next token is the
     sum of every token it has seen, mod VOCAB: decode's answers depend on what prefill wrote."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
+        self.dtype = dtype
         self.register_buffer("seen", torch.zeros(1, CACHE, dtype=torch.int64))
 
     def step(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         self.seen.index_copy_(1, torch.arange(tokens.shape[1]) + start, tokens)
         best = self.seen.sum() % VOCAB
-        logits = torch.nn.functional.one_hot(best, VOCAB).to(torch.float32)
+        logits = -(torch.arange(VOCAB) - best).abs().to(self.dtype)  # 0 at the answer, negative elsewhere
         return logits.reshape(1, 1, VOCAB).expand(1, tokens.shape[1], VOCAB).contiguous()
+
+
+def counter_program(path: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Counter as a portable program (no engines): prefill of 3 tokens, decode of one."""
+    module = Counter(dtype).eval()
+    calls = {"prefill": (torch.tensor([[1, 2, 3]]), torch.tensor([0])), "decode": (torch.tensor([[4]]), torch.tensor([3]))}
+    programs = {m: export_method(MethodView(module, "step"), args) for m, args in calls.items()}
+    for program in programs.values():  # what the compile step records: the values indexing ops take
+        set_input_values(program, value_bounds(program))
+    return save(programs, path / "counter.pte", constant_methods={"max_cache_len": CACHE})["pte"]
+
+
+def counter_tokens(prompt: list[int], new: int) -> list[int]:
+    """What greedy generation from Counter gives."""
+    module = Counter()
+    want = [int(module.step(torch.tensor([prompt]), torch.tensor([0]))[0, -1].argmax())]
+    for i in range(new - 1):
+        want.append(int(module.step(torch.tensor([[want[-1]]]), torch.tensor([len(prompt) + i]))[0, -1].argmax()))
+    return want
 
 
 def refusal(result: subprocess.CompletedProcess[str]) -> str:
@@ -57,13 +77,7 @@ def mlp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def counter(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Counter as a portable program (no engines): prefill of 3 tokens, decode of one."""
-    module = Counter().eval()
-    calls = {"prefill": (torch.tensor([[1, 2, 3]]), torch.tensor([0])), "decode": (torch.tensor([[4]]), torch.tensor([3]))}
-    programs = {m: export_method(MethodView(module, "step"), args) for m, args in calls.items()}
-    for program in programs.values():  # what the compile step records: the values indexing ops take
-        set_input_values(program, value_bounds(program))
-    return save(programs, tmp_path_factory.mktemp("counter") / "counter.pte", constant_methods={"max_cache_len": CACHE})["pte"]
+    return counter_program(tmp_path_factory.mktemp("counter"))
 
 
 def test_the_delegate_registers_and_programs_load_in_executorchs_runtime(mlp: dict[str, Path]) -> None:
@@ -140,6 +154,10 @@ def test_the_runner_refuses_inputs_the_program_was_not_built_for(counter: Path, 
     assert "takes 2 inputs, got 1" in refusal(run_runner("run", counter, "--method", "prefill", "--input", tokens))
     (tmp_path / "junk.npy").write_bytes(b"not numpy")
     assert "junk.npy: not a .npy file" in refusal(run_runner("run", counter, "--method", "prefill", "--input", tmp_path / "junk.npy"))
+    line = refusal(run_runner("run", counter, "--method", "prefill", "--input", tokens, "--input", start, "--kernels", "fast"))
+    assert line == "pipeline-runner: --kernels takes lazy, eager or none, got 'fast'"
+    line = refusal(run_runner("run", counter, "--method", "prefill", "--cuda-graph", "--method-graph"))
+    assert line == "pipeline-runner: --cuda-graph and --method-graph exclude each other: pass one"
 
 
 def test_the_runner_runs_methods_that_share_state_and_generates(counter: Path, tmp_path: Path) -> None:
@@ -150,16 +168,24 @@ def test_the_runner_runs_methods_that_share_state_and_generates(counter: Path, t
     assert done.returncode == 0, done.stderr
     out = np.load(tmp_path / "output_0.npy")
     assert out.shape == (1, 3, VOCAB) and int(out[0, -1].argmax()) == 6
-    module, prompt, new = Counter(), [5, 9, 2], 6
-    want = [int(module.step(torch.tensor([prompt]), torch.tensor([0]))[0, -1].argmax())]
-    for i in range(new - 1):
-        want.append(int(module.step(torch.tensor([[want[-1]]]), torch.tensor([len(prompt) + i]))[0, -1].argmax()))
-    done = run_runner("generate", counter, "--prompt", " ".join(map(str, prompt)), "--max-new-tokens", new)
+    prompt, new = [5, 9, 2], 6
+    want = counter_tokens(prompt, new)
+    done = run_runner("generate", counter, "--prompt", " ".join(map(str, prompt)), "--max-new-tokens", new, "--method-graph")
     assert done.returncode == 0, done.stderr
     assert [int(t) for t in done.stdout.splitlines()[0].split()] == want
-    assert f"then {new - 2} decode steps in" in done.stdout
+    assert f"then {new - 3} decode steps in" in done.stdout
     line = refusal(run_runner("generate", counter, "--prompt", "1 2 3", "--max-new-tokens", 31))
     assert line.endswith("need 33 cache positions; the program's cache holds 32 (shorten the prompt or generate fewer)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_runner_generates_from_half_precision_logits(dtype: torch.dtype, tmp_path: Path) -> None:
+    """Logits of 16-bit floats, all negative but the answer: read as the values they are."""
+    prompt = [5, 9, 2]
+    done = run_runner("generate", counter_program(tmp_path, dtype), "--prompt", " ".join(map(str, prompt)),
+                      "--max-new-tokens", 8)
+    assert done.returncode == 0, done.stderr
+    assert [int(t) for t in done.stdout.splitlines()[0].split()] == counter_tokens(prompt, 8)
 
 
 def test_validate_and_generate_run_either_runtime_and_say_which(mlp: dict[str, Path], counter: Path, tmp_path: Path,

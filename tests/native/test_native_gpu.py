@@ -70,7 +70,8 @@ def test_zoo_programs_run_in_executorchs_runtime(model: str, precision: str, ser
         refs = list(refs) if isinstance(refs, (tuple, list)) else [refs]
         expected = [o.cpu() for o in ours.method(method).execute(inputs)]
         runs = {"runner": _runner_outputs(files, method, inputs, tmp_path),
-                "runner, CUDA graph": _runner_outputs(files, method, inputs, tmp_path, "--cuda-graph", "--repeat", "3")}
+                "runner, CUDA graph": _runner_outputs(files, method, inputs, tmp_path, "--cuda-graph", "--repeat", "3"),
+                "runner, method graph": _runner_outputs(files, method, inputs, tmp_path, "--method-graph", "--repeat", "3")}
         if PYTHON_RUNTIME is None:
             native = executorch_runtime.load(files["pte"], files.get("ptd"))
             graphs = executorch_runtime.load(files["pte"], files.get("ptd"), RuntimeOptions(cuda_graph=True))
@@ -107,7 +108,7 @@ def test_the_runner_generates_what_pipeline_runtime_generates(model: str, overri
     vocab = int(cfg["model"]["kwargs"]["vocab_size"])
     prompt = torch.randint(0, vocab, (1, 9), generator=torch.Generator().manual_seed(3))
     new = generate(load(files["pte"]), prompt, 12)[0, prompt.shape[1]:].tolist()
-    for graph in ([], ["--cuda-graph"]):
+    for graph in ([], ["--cuda-graph"], ["--method-graph"]):
         done = run_runner("generate", files["pte"], "--prompt", " ".join(map(str, prompt[0].tolist())), "--max-new-tokens",
                           12, *graph)
         assert done.returncode == 0, done.stderr

@@ -30,6 +30,8 @@ PYTHON_CALLS = {
     "num_io_tensors": "e.num_io_tensors",
     "get_tensor_name": "e.get_tensor_name(0)",
     "create_runtime_config": "rc = e.create_runtime_config()",
+    "kernel_specialization=": ("rc.dynamic_shapes_kernel_specialization_strategy = "
+                               "trt.DynamicShapesKernelSpecializationStrategy.EAGER"),
     "cuda_graph_strategy=": "rc.cuda_graph_strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE",
     "create_execution_context(rc)": "c = e.create_execution_context(rc)",
     "all_binding_shapes_specified": "c.all_binding_shapes_specified",

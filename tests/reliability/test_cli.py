@@ -33,6 +33,8 @@ BAD_VALUES = [
     ("runtime.max_rel_error=nan", "runtime.max_rel_error = nan must be a positive, finite relative error"),
     ("runtime.max_rel_error=-1", "runtime.max_rel_error = -1.0 must be a positive, finite relative error"),
     ("runtime.max_rel_error=0", "runtime.max_rel_error = 0.0 must be a positive"),
+    ("runtime.kernels=fast", "runtime.kernels = 'fast' is not a kernel specialization strategy; use one of ['lazy', "
+                             "'eager', 'none']"),
     ("compile.torch_executed_ops=[aten.cumsumm]", "'aten.cumsumm' is not an ATen op; did you mean 'aten.cumsum'?"),
     ("compile.torch_executed_ops=[aten.cumsum.bogus]", "aten.cumsum has no overload 'bogus'"),
     ("+model._partial_=true", "model._partial_ is a Hydra instantiate key, which the pipeline does not use"),
