@@ -3,7 +3,8 @@ serialize and validate in-process for one composed config, writing into Hydra's 
 `python -m pipeline -m compile.precision=fp32,fp16 model=mlp,resnet18` sweeps with multirun.
 
 Before Hydra starts, arguments that would name code and malformed YAML are refused and every
-value a sweep takes is composed and checked (`pipeline.cli.job_overrides`); the run
+value a sweep takes is composed and checked (`pipeline.cli.job_overrides`), its weight files
+included; the run
 directory is claimed by `pipeline.run_dir.RunDirGuard` (see `conf/config.yaml`); outputs move into
 it only when complete. Errors are one line (`PIPELINE_DEBUG=1` for tracebacks)."""
 
@@ -55,7 +56,11 @@ def cli() -> None:
         check_yaml(CONF_DIR)
         register_configs()
         for overrides in job_overrides(sys.argv[1:]) or []:
-            compose(overrides)
+            weights = compose(overrides).model.get("weights")
+            if weights:  # the files a job reads are there and of a known format (they are read when it runs)
+                from pipeline.models.checkpoint import weight_files
+
+                weight_files(weights)
     main()
 
 

@@ -17,17 +17,20 @@ from typing import Any
 from pipeline import pte, toolchain
 from pipeline.compile import compile_program, export_method, written_state
 from pipeline.config import objects
-from pipeline.errors import ExportError
+from pipeline.errors import ConfigError, ExportError
 from pipeline.export import export, write_program
 from pipeline.files import atomic_dir, write_json
 from pipeline.intermediates import load_constants, load_edge, load_exported, save_constants, save_edge, save_exported
+from pipeline.models import checkpoint
 from pipeline.tensorrt.engine_cache import EngineCache
 
 log = logging.getLogger("pipeline")
 
 
-def run_compile(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
+def run_compile(cfg: Mapping[str, Any], out_dir: str | Path, weights: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Compile every method into `<out_dir>/<method>.pt2`, engines through the configured engine cache.
+    `weights`: the digests of `model.weights` that an earlier step recorded (`weight_digests`), which
+    the files read now must still have.
 
     Returns:
         Seconds per method and in all ("total"), and with the cache on its hits and misses
@@ -36,13 +39,17 @@ def run_compile(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     """
     start = time.perf_counter()
     model = objects.model(cfg)
+    read = weight_digests(cfg)
+    if weights is not None and read != weights:
+        raise ConfigError(f"model.weights = {cfg['model']['weights']!r} changed after its digests were recorded (a file "
+                          "written during the build?); run the build again")
     cache = objects.engine_cache(cfg)
     # With the cache off, engines are still shared within the run: methods with the same graph
     # (a decoder's prefill and decode) call one engine, stored once (TensorRT builds are not
     # bit-reproducible, so building it twice would store the weights twice).
     engines = cache or EngineCache(f"memory://pipeline-run-{uuid.uuid4().hex}", max_bytes=None)
     try:
-        timings = _compile_methods(cfg, model, out_dir, engines)
+        timings = _compile_methods(cfg, model, out_dir, engines, read)
     finally:
         if cache is None:
             engines.clear()
@@ -53,7 +60,13 @@ def run_compile(cfg: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     return timings
 
 
-def _compile_methods(cfg: Mapping[str, Any], model: Any, out_dir: str | Path, cache: EngineCache) -> dict[str, Any]:
+def weight_digests(cfg: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The digests of the files `model.weights` names (`checkpoint.digests`), None without any."""
+    return checkpoint.digests(cfg["model"]["weights"]) if cfg["model"].get("weights") else None
+
+
+def _compile_methods(cfg: Mapping[str, Any], model: Any, out_dir: str | Path, cache: EngineCache,
+                     weights: list[dict[str, Any]] | None) -> dict[str, Any]:
     timings: dict[str, Any] = {}
     methods = cfg["model"]["methods"]
     inputs = {m: objects.example_inputs(spec, cfg["model"]["seed"]) for m, spec in methods.items()}
@@ -68,7 +81,7 @@ def _compile_methods(cfg: Mapping[str, Any], model: Any, out_dir: str | Path, ca
         timings[method] = seconds()
     state = written_state(exported.values())
     with atomic_dir(out_dir) as tmp:
-        save_constants(getattr(model, "program_constants", None), tmp)  # values the model asks its program to carry
+        save_constants(objects.program_constants(cfg, model, weights), tmp)  # values the program carries
         for method in methods:
             with step(f"compile: method {method!r} of {cfg['model']['name']}") as seconds:
                 spec = objects.compile_spec(cfg, method, exported[method])
@@ -127,18 +140,22 @@ def run_serialize(cfg: Mapping[str, Any], in_dir: str | Path, program_dir: str |
     with step(f"serialize: {name}.pte"), atomic_dir(program_dir) as tmp:
         written = write_program(manager, tmp / f"{name}.pte", external_data=bool(cfg["serialize"].get("external_data")),
                                 etrecord=bool(cfg["serialize"].get("etrecord")))
-        record = manifest(cfg, written)
+        record = manifest(cfg, written, load_constants(in_dir) or {})
     files = {kind: Path(program_dir) / path.name for kind, path in written.items()}
     write_json(manifest_path, record)
     return files
 
 
-def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path]) -> dict[str, Any]:
+def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path], constants: Mapping[str, Any]) -> dict[str, Any]:
     """Content hashes of the outputs and of every named entry in them (engines, external tensors: key,
-    file, bytes, SHA-256), the composed config and the toolchain: what the build is, and nothing about
+    file, bytes, SHA-256), of the weight files the program was built from (`weights`, null for
+    seeded weights), the composed config and the toolchain: what the build is, and nothing about
     when or from which commit (dvc.lock in git says that), so it caches like the program."""
+    import json
+
     program = pte.read(files["pte"], files.get("ptd"))
     return {
+        "weights": json.loads(constants[objects.WEIGHTS]) if objects.WEIGHTS in constants else None,
         "files": {kind: {"name": p.name, "sha256": _sha256(p), "bytes": p.stat().st_size} for kind, p in files.items()},
         "named_data": pte.named_entries(program),
         "config": dict(cfg),
@@ -162,6 +179,9 @@ def run_validate(cfg: Mapping[str, Any], build_dir: str | Path, timings: str | P
     ptd = pte.with_suffix(".ptd")
     with step("validate"):
         details = validate_program(cfg, pte, ptd if ptd.exists() else None)
+    for method, row in details["methods"].items():  # said where the user looks, not only in validation.json
+        if row.get("runtime") is None:
+            log.warning("validate: method %r was not run, so not checked against eager PyTorch: %s", method, row.get("reason"))
     write_json(build / "validation.json", details)
     report = json.loads((build / "report.json").read_text())
     result = summary(cfg, build / "program", report, json.loads(Path(timings).read_text()), details)

@@ -18,6 +18,9 @@ from pipeline.tensorrt import build_env
 from pipeline.tensorrt.trt_api import CANDIDATES, PIN_ENV
 
 _PACKAGES = ("torch", "torchvision", "executorch")
+# The key under which the DVC stage `toolchain` adds the digests of the files `model.weights` names
+# (`pipeline.models.checkpoint.digests`), which the compile step checks the files it reads against.
+WEIGHTS = "weights"
 
 
 def record(target_compute_capabilities: Sequence[str] = ()) -> dict[str, Any]:

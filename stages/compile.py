@@ -7,10 +7,14 @@ from _common import run, setup
 
 def main() -> None:
     cfg, layout = setup(__doc__)
+    import json
+
     from pipeline.files import write_json
     from pipeline.steps import run_compile
+    from pipeline.toolchain import WEIGHTS
 
-    write_json(layout.timings, run_compile(cfg, layout.build / "compiled"))
+    recorded = json.loads((layout.build / "toolchain.json").read_text()).get(WEIGHTS)
+    write_json(layout.timings, run_compile(cfg, layout.build / "compiled", recorded))
 
 
 if __name__ == "__main__":

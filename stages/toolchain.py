@@ -1,5 +1,6 @@
-"""DVC stage `toolchain`: record what engines depend on besides params (always runs, in a fraction
-of a second: package metadata only; compile reruns only when the record changes). Inside `dvc exp
+"""DVC stage `toolchain`: record what engines depend on besides params (always runs: package
+metadata, and the digests of the files `model.weights` names, read in full; compile reruns only when
+the record changes, so a changed checkpoint rebuilds and a touched one does not). Inside `dvc exp
 run` it first refuses params.yaml that dropped overrides given to `compose`."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from _common import Layout, parser, run
 from pipeline.config.compose import check_experiment, check_params_file, target_config
 from pipeline.config.validate import check_plain_names
 from pipeline.files import write_json
-from pipeline.toolchain import record
+from pipeline.toolchain import WEIGHTS, record
 
 
 def main() -> None:
@@ -25,7 +26,13 @@ def main() -> None:
     check_plain_names(cfg, args.target)  # the layout's names, before anything is written
     compile_section = cfg.get("compile") or {}
     out = Layout.of(cfg, args.target).build / "toolchain.json"
-    write_json(out, record(compile_section.get("target_compute_capabilities") or ()))
+    toolchain = record(compile_section.get("target_compute_capabilities") or ())
+    weights = (cfg.get("model") or {}).get("weights")
+    if weights:
+        from pipeline.models.checkpoint import digests
+
+        toolchain[WEIGHTS] = digests(weights)
+    write_json(out, toolchain)
     if not os.environ.get("DVC_STAGE"):
         print(f"wrote {out}")
 

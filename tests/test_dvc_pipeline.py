@@ -123,6 +123,38 @@ def test_exp_run_never_drops_composed_overrides(repo: Path) -> None:
     assert "Running stage 'compile'" not in result.stdout  # refused at the first stage, before any build
 
 
+def test_weights_are_a_dependency_of_the_build(repo: Path) -> None:
+    """`model.weights`: a changed checkpoint rebuilds, a touched one does not, and `dvc exp run -S
+    model.weights=...` builds from the file it names (its digest in the manifest)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.models.checkpoint import digests
+    from pipeline.models.mlp import MLP
+
+    (repo / "weights").mkdir()
+    for name, seed in (("a", 5), ("b", 6)):
+        torch.manual_seed(seed)
+        save_file(MLP().state_dict(), str(repo / "weights" / f"{name}.safetensors"))
+    checkpoint = repo / "weights" / "a.safetensors"
+    _run([sys.executable, "-m", "pipeline.config.compose", "model.weights=weights/a.safetensors"], repo)
+    assert "compile" in _stages_run(_run(["dvc", "repro"], repo))
+    manifest = repo / "build" / "mlp" / "manifest.json"
+    assert json.loads(manifest.read_text())["weights"]["files"] == digests(checkpoint)
+    os.utime(checkpoint)  # touched, not changed: nothing to build
+    assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain"]
+    torch.manual_seed(7)
+    save_file(MLP().state_dict(), str(checkpoint))
+    assert _stages_run(_run(["dvc", "repro"], repo))[:2] == ["toolchain", "compile"]
+    assert json.loads(manifest.read_text())["weights"]["files"] == digests(checkpoint)
+    _run([sys.executable, "-m", "pipeline.config.compose"], repo)  # an experiment from the defaults
+    _commit(repo, "weights")
+    _run(["dvc", "exp", "run", "-S", "model.weights=weights/b.safetensors"], repo)
+    assert json.loads(manifest.read_text())["weights"] == {"path": "weights/b.safetensors",
+                                                           "files": digests(repo / "weights" / "b.safetensors")}
+    _run([sys.executable, "-m", "pipeline.config.compose"], repo)
+
+
 def test_hydra_multirun_sweep(tmp_path: Path) -> None:
     _run([sys.executable, "-m", "pipeline", "-m", "compile.precision=fp32,fp16", f"hydra.sweep.dir={tmp_path}"], ROOT)
     outputs = sorted(tmp_path.glob("*/program/mlp.pte"))

@@ -14,12 +14,16 @@ from torch.export import Dim
 from pipeline import dtypes
 from pipeline.config.targets import locate
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.models import checkpoint
 from pipeline.models.decoder import MethodView
 from pipeline.models.registry import download_reason
 from pipeline.models.weights import calibrate_batch_norms, show_every_layer
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_cache import EngineCache
 
+# The constant method naming a program's weight files: JSON {"path": model.weights, "files":
+# [{"file", "bytes", "sha256"}]} (`checkpoint.digests`).
+WEIGHTS = "pipeline_weights"
 # Input dtypes a config may name.
 DTYPES = {name: dtypes.BY_NAME[name].torch for name in ("float32", "float16", "bfloat16", "int64", "int32", "bool")}
 
@@ -61,34 +65,59 @@ def model_kwargs(factory: Any, section: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
-    """The model of the config, with weights from its seed (passed as `seed=` to factories that take
-    it, else set as PyTorch's seed for the call) and initialised as `model.init` says. Nothing is
-    downloaded: no pretrained weights."""
-    factory = locate(str(cfg["model"]["_target_"]), "model", "model._target_")
-    kwargs = model_kwargs(factory, cfg["model"])
+    """The model of the config: built by its factory, then its weights read from `model.weights`
+    (`checkpoint.py`) or, without a file, drawn from its seed (passed as `seed=` to factories that
+    take it, else set as PyTorch's seed for the call) and initialised as `model.init` says. Nothing
+    is downloaded: no pretrained weights. A Hugging Face model folder also tells its factory what
+    to build (passed as `folder=`)."""
+    section = cfg["model"]
+    factory = locate(str(section["_target_"]), "model", "model._target_")
+    kwargs = model_kwargs(factory, section)
     check_no_download(factory, kwargs)
+    weights = section.get("weights")
+    if weights and checkpoint.is_model_folder(weights):
+        if "folder" not in inspect.signature(factory).parameters:
+            raise ConfigError(f"model.weights = {weights!r} is a Hugging Face model folder, which only a factory that takes "
+                              "`folder` builds from (pipeline.models.hf.decoder, pipeline.models.hf.encoder); set "
+                              "model._target_ to one, or name a weight file")
+        kwargs["folder"] = str(weights)
     try:
         if "seed" in kwargs:
             built = build(factory, kwargs, "model._target_")
         else:
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(cfg["model"]["seed"]))
+                torch.manual_seed(int(section["seed"]))
                 built = build(factory, kwargs, "model._target_")
     except PipelineError:
         raise
     except Exception as exc:  # the model's own code: any error it raises for kwargs it cannot take
         reason = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise ConfigError(f"model._target_ = {cfg['model']['_target_']!r} failed to build the model from model.kwargs "
+        raise ConfigError(f"model._target_ = {section['_target_']!r} failed to build the model from model.kwargs "
                           f"{kwargs} ({type(exc).__name__}: {reason}); fix the kwargs it names") from exc
     if not isinstance(built, torch.nn.Module):
-        raise ConfigError(f"model._target_ = {cfg['model']['_target_']!r} returned a {type(built).__name__}, not an nn.Module")
+        raise ConfigError(f"model._target_ = {section['_target_']!r} returned a {type(built).__name__}, not an nn.Module")
     empty = next((name for name, p in built.named_parameters() if p.numel() == 0), None)
     if empty is not None:
-        raise ConfigError(f"model.kwargs {cfg['model'].get('kwargs') or {}} build a model whose parameter {empty!r} has no "
+        raise ConfigError(f"model.kwargs {section.get('kwargs') or {}} build a model whose parameter {empty!r} has no "
                           f"elements (shape {list(built.get_parameter(empty).shape)}); give every size at least 1")
-    if cfg["model"].get("init", "factory") == "every_layer":
-        _every_layer(built, cfg["model"])
+    if weights:
+        target = getattr(built, "checkpoint_module", built)
+        state = checkpoint.rename(checkpoint.read_state_dict(weights), dict(section.get("weight_prefixes") or {}))
+        checkpoint.load_strictly(target, state, f"model.weights = {weights!r}", bool(section.get("weights_partial")))
+    elif section.get("init", "factory") == "every_layer":
+        _every_layer(built, section)
     return built.eval()
+
+
+def program_constants(cfg: Mapping[str, Any], module: torch.nn.Module, weights: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The constant methods the program of `module` carries: what the model asks for
+    (`program_constants`), and the digests of the weight files it was built from (`WEIGHTS`)."""
+    import json
+
+    out = dict(getattr(module, "program_constants", None) or {})
+    if weights is not None:
+        out[WEIGHTS] = json.dumps({"path": str(cfg["model"]["weights"]), "files": weights}, separators=(",", ":"))
+    return out
 
 
 def _every_layer(module: torch.nn.Module, section: Mapping[str, Any], draws: int = 8) -> None:

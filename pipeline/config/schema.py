@@ -48,6 +48,13 @@ class ModelConfig:
     # residual norms and tiny layer scales that keep layers out of the output, draw linear layers at
     # 1/sqrt(fan_in) and calibrate batch norms on example inputs (pipeline.models.weights).
     init: str = "factory"
+    # Trained weights (pipeline/models/checkpoint.py): a safetensors file or its sharded index, a
+    # PyTorch or timm checkpoint, or a Hugging Face model folder (which also says what to build);
+    # null: seeded random weights. Loaded strictly; `weight_prefixes` maps the file's key prefixes
+    # to the model's ({"module.": ""}); `weights_partial` keeps seeded values for keys the file lacks.
+    weights: str | None = None
+    weight_prefixes: dict[str, str] = field(default_factory=dict)
+    weights_partial: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
     methods: dict[str, MethodSpec] = MISSING
 

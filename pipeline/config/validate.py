@@ -151,6 +151,15 @@ def _check_init(cfg: DictConfig) -> None:
 
     if cfg.model.get("init", "factory") not in INITS:
         raise ConfigError(f"model.init = {cfg.model.init!r} is not one of {list(INITS)}")
+    weights = cfg.model.get("weights")
+    if weights is not None and (not isinstance(weights, str) or not weights.strip()):
+        raise ConfigError(f"model.weights = {weights!r} must name a weight file or model folder (or be null: seeded weights)")
+    if weights and cfg.model.get("init", "factory") != "factory":
+        raise ConfigError(f"model.init = {cfg.model.init!r} sets up random weights, but model.weights = {weights!r} gives "
+                          "them; leave model.init=factory")
+    if not weights and (cfg.model.get("weight_prefixes") or cfg.model.get("weights_partial")):
+        raise ConfigError("model.weight_prefixes and model.weights_partial apply to model.weights, which is null; "
+                          "name the weight file")
 
 
 def _check_method(where: str, m: DictConfig) -> None:

@@ -1,6 +1,8 @@
-"""Hugging Face `transformers` models built from a config with seeded random weights (nothing is
-downloaded): encoders, and causal decoders with a static KV cache; the model class and its config
-class are looked up by architecture name."""
+"""Hugging Face `transformers` models: encoders, and causal decoders with a static KV cache. Built
+from an architecture name and config fields (seeded random weights; nothing is downloaded), or from a
+local model folder (`model.weights=<folder>`: its `config.json` says what to build, its safetensors
+are loaded by `pipeline.config.objects`, a decoder carries its `tokenizer.json`); no code from a
+folder runs (`trust_remote_code` is refused)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,11 @@ class Encoder(torch.nn.Module):
         self.model = model
         self.takes = takes
 
+    @property
+    def checkpoint_module(self) -> torch.nn.Module:
+        """What a checkpoint of this model holds: the `transformers` model's state dict."""
+        return self.model
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.takes == "features":
             return self.model(x).last_hidden_state
@@ -49,17 +56,32 @@ class Encoder(torch.nn.Module):
         return self.model(**{key: x}).last_hidden_state
 
 
+# A model's main input -> what `Encoder.forward` takes.
+_TAKES = {"input_ids": "tokens", "pixel_values": "pixels", "input_features": "features"}
+
+
 @model_factory
-def encoder(architecture: str, **config: Any) -> torch.nn.Module:
-    """The encoder of `architecture` (a key of `ENCODERS`), its config's defaults overridden by `config`.
+def encoder(architecture: str | None = None, *, folder: str | None = None, **config: Any) -> torch.nn.Module:
+    """The encoder of `architecture` (a key of `ENCODERS`), its config's defaults overridden by
+    `config`; or, from a model `folder`, the base model its `config.json` names, fields overridden
+    by `config` (the weights are loaded after).
 
     Raises:
-        ConfigError: an unknown architecture.
+        ConfigError: an unknown architecture, or a folder whose model transformers cannot build.
     """
-    if architecture not in ENCODERS:
-        raise ConfigError(f"model.kwargs.architecture = {architecture!r} is not one of {sorted(ENCODERS)}")
     import transformers
 
+    if folder is not None:
+        cfg = folder_config(folder, architecture, config)
+        cfg._attn_implementation = "eager"
+        model = _from_config(transformers.AutoModel, cfg, folder)
+        takes = _TAKES.get(model.main_input_name)
+        if takes is None:
+            raise ConfigError(f"model folder {folder!r}: a {type(model).__name__} takes {model.main_input_name!r}; an "
+                              f"encoder program takes one of {sorted(_TAKES)}")
+        return Encoder(model.eval(), takes)
+    if architecture not in ENCODERS:
+        raise ConfigError(f"model.kwargs.architecture = {architecture!r} is not one of {sorted(ENCODERS)}")
     model_name, config_name, takes = ENCODERS[architecture]
     cfg = _config(config_name, config)
     cfg._attn_implementation = "eager"  # plain ops: the graph TensorRT sees does not depend on the machine
@@ -87,8 +109,9 @@ class Decoder(torch.nn.Module):
     compile both methods from `step` with the same token range, so that they call one engine (the
     weights once, in the files and on the device)."""
 
-    def __init__(self, model: Any, max_cache_len: int) -> None:  # a transformers PreTrainedModel
+    def __init__(self, model: Any, max_cache_len: int, tokenizer: str | None = None) -> None:  # a PreTrainedModel
         super().__init__()
+        self.tokenizer = tokenizer  # the `pipeline.tokenizer` value the program carries, if any
         from transformers import GenerationConfig
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
@@ -98,9 +121,17 @@ class Decoder(torch.nn.Module):
         self.model = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
 
     @property
-    def program_constants(self) -> dict[str, int]:
-        """Stored in the program as constant methods: what `pipeline.runtime.generate` checks against."""
-        return {"max_cache_len": self.max_cache_len}
+    def program_constants(self) -> dict[str, int | str]:
+        """Stored in the program as constant methods: what `pipeline.runtime.generate` checks
+        against, and the tokenizer it encodes and decodes text with."""
+        from pipeline import tokenizer
+
+        return {"max_cache_len": self.max_cache_len, **({tokenizer.METHOD: self.tokenizer} if self.tokenizer else {})}
+
+    @property
+    def checkpoint_module(self) -> torch.nn.Module:
+        """What a checkpoint of this model holds: the `transformers` causal LM's state dict."""
+        return self.model.model
 
     def step(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Tokens [1, T] at positions start..start+T-1 (`start`: [1]); their logits [1, T, vocab]."""
@@ -131,28 +162,84 @@ class Decoder(torch.nn.Module):
 
 
 @model_factory
-def decoder(architecture: str, max_cache_len: int, dtype: str = "float32", **config: Any) -> torch.nn.Module:
+def decoder(architecture: str | None = None, max_cache_len: int = 0, dtype: str | None = None, *,
+            folder: str | None = None, **config: Any) -> torch.nn.Module:
     """The causal decoder of `architecture` (a key of `DECODERS`) with a KV cache of `max_cache_len`
-    positions, weights and cache in `dtype`, its config's defaults overridden by `config`
-    (hidden_size, num_hidden_layers, ...). Inference only: no parameter requires grad.
+    positions, weights and cache in `dtype` (default float32), its config's defaults overridden by
+    `config` (hidden_size, num_hidden_layers, ...); or, from a model `folder`, the causal LM its
+    `config.json` names (dtype default: the folder's), fields overridden by `config`, carrying the
+    folder's tokenizer (the weights are loaded after). Inference only: no parameter requires grad.
 
     Raises:
-        ConfigError: an unknown architecture or dtype, or a cache of no positions.
+        ConfigError: an unknown architecture or dtype, a cache of no positions, or a folder whose
+            model transformers cannot build.
     """
-    if architecture not in DECODERS:
+    import transformers
+
+    from pipeline import tokenizer
+
+    if folder is None and architecture not in DECODERS:
         raise ConfigError(f"model.kwargs.architecture = {architecture!r} is not one of {sorted(DECODERS)}")
     if int(max_cache_len) < 1:
         raise ConfigError(f"model.kwargs.max_cache_len = {max_cache_len} must be at least 1")
+    cfg = folder_config(folder, architecture, config) if folder is not None else _config(DECODERS[str(architecture)][1], config)
+    dtype = dtype or (str(cfg.dtype).removeprefix("torch.") if folder is not None and cfg.dtype is not None else "float32")
     row = dtypes.by_name(dtype)
     if row is None or not row.torch.is_floating_point:
         raise ConfigError(f"model.kwargs.dtype = {dtype!r} is not a floating-point dtype ({', '.join(FLOATS)})")
+    cfg._attn_implementation = "sdpa"  # one scaled_dot_product_attention per layer (GQA included)
+    if folder is not None:
+        model = _from_config(transformers.AutoModelForCausalLM, cfg, folder)
+    else:
+        model = getattr(transformers, DECODERS[str(architecture)][0])(cfg)
+    model = model.to(row.torch).eval().requires_grad_(False)
+    return Decoder(model, int(max_cache_len), tokenizer.from_folder(folder) if folder is not None else None).eval()
+
+
+def folder_config(folder: str, architecture: str | None, fields: dict[str, Any]) -> Any:
+    """The `transformers` config a model folder's `config.json` gives, `fields` set on it. Read from
+    the local file only; a config that names code of its own (`auto_map`) is refused.
+
+    Raises:
+        ConfigError: the config names code, an architecture transformers does not have or other
+            than `architecture`, or a field it does not have.
+    """
+    import json
+    from pathlib import Path
+
     import transformers
 
-    model_name, config_name = DECODERS[architecture]
-    cfg = _config(config_name, config)
-    cfg._attn_implementation = "sdpa"  # one scaled_dot_product_attention per layer (GQA included)
-    model = getattr(transformers, model_name)(cfg).to(row.torch).eval().requires_grad_(False)
-    return Decoder(model, int(max_cache_len)).eval()
+    path = Path(folder) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a JSON config ({exc}); save the model with save_pretrained") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} is not a JSON object; save the model with save_pretrained")
+    if raw.get("auto_map"):
+        raise ConfigError(f"{path} names code of its own (auto_map: {sorted(raw['auto_map'])}); no code from a model folder "
+                          "runs here (trust_remote_code is refused): use a model type transformers has")
+    kind = raw.get("model_type")
+    if architecture is not None and architecture != kind:
+        raise ConfigError(f"model.kwargs.architecture = {architecture!r}, but {path} is a {kind!r} model; drop "
+                          "model.kwargs.architecture (the folder names it)")
+    if kind not in transformers.CONFIG_MAPPING:
+        raise ConfigError(f"{path} names model_type {kind!r}, which transformers {transformers.__version__} does not have; "
+                          "save the model with a transformers that does, or upgrade transformers")
+    cfg = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    _check_fields(type(cfg).__name__, cfg.to_dict(), fields)
+    for name, value in fields.items():
+        setattr(cfg, name, value)
+    return cfg
+
+
+def _from_config(auto: Any, cfg: Any, folder: str) -> Any:
+    try:
+        return auto.from_config(cfg, trust_remote_code=False)
+    except ValueError as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"model folder {folder!r}: transformers has no {auto.__name__} for a {type(cfg).__name__} "
+                          f"({first}); build it with the other factory (pipeline.models.hf.encoder or .decoder)") from exc
 
 
 def _config(config_name: str, fields: dict[str, Any]) -> Any:
@@ -162,14 +249,17 @@ def _config(config_name: str, fields: dict[str, Any]) -> Any:
     Raises:
         ConfigError: a field the config class does not have.
     """
-    import difflib
-
     import transformers
 
     config_class = getattr(transformers, config_name)
-    known = set(config_class().to_dict())
-    for name in sorted(set(fields) - known):
-        close = difflib.get_close_matches(name, known, n=1)
+    _check_fields(config_name, config_class().to_dict(), fields)
+    return config_class(**fields)
+
+
+def _check_fields(config_name: str, known: dict[str, Any], fields: dict[str, Any]) -> None:
+    import difflib
+
+    for name in sorted(set(fields) - set(known)):
+        close = difflib.get_close_matches(name, list(known), n=1)
         raise ConfigError(f"model.kwargs.{name} is not a field of {config_name}"
                           + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return config_class(**fields)

@@ -94,35 +94,55 @@ def parse_prompt(text: str) -> torch.Tensor:
     """
     words = text.split()
     if not words or not all(re.fullmatch(r"[0-9]{1,18}", w) for w in words):
-        raise InputError(f"--prompt must be token ids in ASCII digits separated by spaces, e.g. \"1 5 9\"; got {text!r}")
+        raise InputError(f"--prompt-ids must be token ids in ASCII digits separated by spaces, e.g. \"1 5 9\"; got {text!r}")
     return torch.tensor([[int(w) for w in words]], dtype=torch.int64)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m pipeline.runtime.generate PROGRAM.pte --prompt "1 5 9" --max-new-tokens 16`:
-    prints the new tokens as they come, then the seconds per token."""
+    """`python -m pipeline.runtime.generate PROGRAM.pte --prompt "Once upon a time" --max-new-tokens 16`:
+    encodes the prompt with the tokenizer the program carries (`pipeline.tokenizer`), prints the
+    text as it comes and stops at an end-of-sequence token; with `--prompt-ids "1 5 9"` it takes
+    and prints token ids. Then the seconds per token."""
     import argparse
     import time
 
+    from pipeline import tokenizer
     from pipeline.cli import reported
     from pipeline.runtime.executors import EXECUTORS, describe, load_with
 
     parser = argparse.ArgumentParser(prog="python -m pipeline.runtime.generate", description=main.__doc__)
     parser.add_argument("pte", help="a decoder program (prefill and decode methods, max_cache_len)")
     parser.add_argument("--ptd", default=None, help="its .ptd, when its data is external")
-    parser.add_argument("--prompt", required=True, help="token ids, space-separated")
+    prompt_arg = parser.add_mutually_exclusive_group(required=True)
+    prompt_arg.add_argument("--prompt", help="text, encoded with the program's own tokenizer")
+    prompt_arg.add_argument("--prompt-ids", help="token ids, space-separated (printed back as ids)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--runtime", choices=EXECUTORS, default="pipeline",
                         help="pipeline.runtime, or ExecuTorch's runtime with the native TensorRT delegate")
     args = parser.parse_args(argv)
     with reported():
-        prompt = parse_prompt(args.prompt)
         program = load_with(args.runtime, args.pte, args.ptd)
+        if args.prompt is not None:
+            text = tokenizer.of_program(program)
+            ids = text.encode(args.prompt)
+            if not ids:
+                raise InputError("--prompt encodes to no tokens; give some text")
+            prompt = torch.tensor([ids], dtype=torch.int64)
+        else:
+            prompt = parse_prompt(args.prompt_ids)
         start = time.perf_counter()
         count = 0
-        for token in stream(program, prompt, args.max_new_tokens):
-            print(token, end=" ", flush=True)
-            count += 1
+        tokens = stream(program, prompt, args.max_new_tokens)
+
+        def counted() -> Iterator[int]:
+            nonlocal count
+            for token in tokens:
+                count += 1
+                yield token
+
+        pieces = text.stream(counted()) if args.prompt is not None else (f"{t} " for t in counted())
+        for piece in pieces:
+            print(piece, end="", flush=True)
         seconds = time.perf_counter() - start
     print(f"\n{count} tokens in {seconds:.3f} s ({describe(program)})")
     return 0

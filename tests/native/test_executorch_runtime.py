@@ -197,7 +197,7 @@ def test_validate_and_generate_run_either_runtime_and_say_which(mlp: dict[str, P
     else:
         assert forward["runtime"].startswith("executorch (TensorRTBackend, ") and forward["within_tolerance"]
     # A program without engines runs in ExecuTorch's runtime anywhere: what prefill writes, decode reads.
-    assert generate.main([str(counter), "--prompt", "5 9 2", "--max-new-tokens", "6", "--runtime", "executorch"]) == 0
+    assert generate.main([str(counter), "--prompt-ids", "5 9 2", "--max-new-tokens", "6", "--runtime", "executorch"]) == 0
     printed = capsys.readouterr().out.splitlines()
     done = run_runner("generate", counter, "--prompt", "5 9 2", "--max-new-tokens", 6)
     assert printed[0].split() == done.stdout.splitlines()[0].split()

@@ -66,10 +66,10 @@ def test_what_does_not_fit_is_refused_before_anything_runs(program: tuple[torch.
         generate(loaded, prompt, 18)
     with pytest.raises(InputError, match=r"prompt must be one row of token ids, shape \[1, T\]"):
         generate(loaded, torch.zeros(2, 8, dtype=torch.int64), 4)
-    run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(path), "--prompt", "1 2 x"],
+    run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(path), "--prompt-ids", "1 2 x"],
                          capture_output=True, text=True)
-    assert run.returncode == 2 and run.stderr.startswith("error: --prompt must be token ids"), run.stderr
-    run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(path), "--prompt", "1 2 3",
+    assert run.returncode == 2 and run.stderr.startswith("error: --prompt-ids must be token ids"), run.stderr
+    run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(path), "--prompt-ids", "1 2 3",
                           "--max-new-tokens", "4"], capture_output=True, text=True, check=True)
     assert len(run.stdout.split("\n")[0].split()) == 4 and "4 tokens in" in run.stdout
 

@@ -1,0 +1,242 @@
+"""Trained weights from files (`model.weights`): what a checkpoint path names, reading it without
+running code, and loading it strictly into the module a config builds.
+
+A path names one of:
+- a safetensors file (`*.safetensors`);
+- a sharded safetensors checkpoint: its index (`*.safetensors.index.json`, `weight_map`: key ->
+  shard file in the index's folder);
+- a PyTorch checkpoint (`*.pt`, `*.pth`, `*.bin`, `*.ckpt`), read with `torch.load(weights_only=True)`
+  (tensors and plain containers only: a file that would need code to unpickle is refused); a state
+  dict, or a dict holding one under `state_dict` (timm's and Lightning's checkpoints), `model` or
+  `module`;
+- a Hugging Face model folder (`config.json` beside its safetensors, single or sharded), which also
+  says what to build (`pipeline.models.hf`).
+
+Every file is a regular file (a symbolic link is refused: what it points to can change under a cached
+build), and a shard inside its index's folder. The digest of each (`digests`) goes into the program
+and its manifest. Loading is strict (`load_strictly`): every key of the module's state dict set once,
+no key left over, shapes and dtypes equal; a key the file lacks is an error unless the module ties
+it to one the file sets (a language model's output head and its embedding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.errors import ConfigError
+
+SAFETENSORS = ".safetensors"
+INDEX = ".safetensors.index.json"
+PICKLED = (".pt", ".pth", ".bin", ".ckpt")
+HF_CONFIG = "config.json"
+# Dicts that hold a state dict in the checkpoints of timm, Lightning and common training scripts.
+_NESTED = ("state_dict", "model", "module")
+_SHOWN = 3  # keys named in an error line
+
+
+def is_model_folder(path: str | Path) -> bool:
+    """Whether `path` is a Hugging Face model folder (a `config.json` in it)."""
+    return Path(path).is_dir() and (Path(path) / HF_CONFIG).is_file()
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The files a checkpoint path reads, in order: the file itself, an index and its shards, or a
+    model folder's `config.json` and weights (its tokenizer files are read by `tokenizer.py`).
+
+    Raises:
+        ConfigError: the path is missing, a link, of no known format, or an index names a file
+            outside its folder or a shard that is not there.
+    """
+    where = Path(path)
+    _regular(where, "model.weights")
+    if where.is_dir():
+        if not is_model_folder(where):
+            raise ConfigError(f"model.weights = {str(path)!r} is a folder without {HF_CONFIG}; name a weight file "
+                              f"(*{SAFETENSORS}, *{INDEX}, {', '.join('*' + s for s in PICKLED)}) or a Hugging Face model folder")
+        inside = [where / n for n in ("model" + INDEX, "model" + SAFETENSORS) if (where / n).exists()]
+        if not inside:
+            raise ConfigError(f"model folder {str(path)!r} has no model{SAFETENSORS} or model{INDEX}; save it with "
+                              "transformers' save_pretrained (safetensors; pickled pytorch_model.bin is not read)")
+        return [where / HF_CONFIG, *weight_files(inside[0])]
+    name = where.name.lower()
+    if name.endswith(INDEX):
+        return [where, *_shards(where)]
+    if name.endswith(SAFETENSORS) or name.endswith(PICKLED):
+        return [where]
+    raise ConfigError(f"model.weights = {str(path)!r} is not a weight file this pipeline reads: name a *{SAFETENSORS}, a "
+                      f"*{INDEX}, a PyTorch checkpoint ({', '.join('*' + s for s in PICKLED)}) or a Hugging Face model folder")
+
+
+def _regular(path: Path, what: str) -> None:
+    if path.is_symlink():
+        raise ConfigError(f"{what} = {str(path)!r} is a symbolic link; name the file itself (a link can point elsewhere "
+                          "after the build; with DVC, use a copy or reflink cache: `dvc config cache.type reflink,copy`)")
+    if not path.exists():
+        raise ConfigError(f"{what} = {str(path)!r} does not exist; name a weight file or model folder (paths are relative "
+                          "to the directory the build runs in)")
+
+
+def _shards(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{index} is not a safetensors index (JSON with a 'weight_map' of key -> shard file): "
+                          f"{type(exc).__name__}: {exc}; write it with transformers' save_pretrained") from exc
+    folder = index.parent.resolve()
+    out = []
+    for name in names:
+        shard = index.parent / str(name)
+        if Path(str(name)).is_absolute() or ".." in Path(str(name)).parts or shard.resolve().parent != folder:
+            raise ConfigError(f"{index} names shard {name!r}, which is not a file in the index's own folder; an index "
+                              "names its shards by file name only")
+        _regular(shard, f"the shard {index.name} names")
+        out.append(shard)
+    return out
+
+
+def digests(path: str | Path) -> list[dict[str, Any]]:
+    """File name (relative to the path's folder), bytes and SHA-256 of every file `path` reads."""
+    base = Path(path) if Path(path).is_dir() else Path(path).parent
+    out = []
+    for file in weight_files(path):
+        digest = hashlib.sha256()
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                digest.update(chunk)
+        out.append({"file": file.relative_to(base).as_posix(), "bytes": file.stat().st_size, "sha256": digest.hexdigest()})
+    return out
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor `path` holds, by key (a model folder's weights; the shards of an index merged).
+
+    Raises:
+        ConfigError: a file that is truncated or not of its format, a pickle that needs code, a key
+            in two shards, or a checkpoint that holds no state dict.
+    """
+    files = [f for f in weight_files(path) if f.name != HF_CONFIG and not f.name.lower().endswith(INDEX)]
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        part = _read_safetensors(file) if file.name.lower().endswith(SAFETENSORS) else _read_pickled(file)
+        twice = sorted(set(part) & set(state))
+        if twice:
+            raise ConfigError(f"{file} sets {_keys(twice)}, which another shard of {path} sets too; rewrite the checkpoint")
+        state.update(part)
+    return state
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ConfigError(f"{file} is not a readable safetensors file (truncated, or another format: {exc}); "
+                          "copy it again or save it with safetensors") from exc
+
+
+def _read_pickled(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        try:
+            loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:  # mapped only when saved as a zip archive (torch.save's format since 1.6)
+            if "mmap" not in str(exc):
+                raise
+            loaded = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        if "weights_only" in str(exc) or "global" in str(exc).lower():
+            raise ConfigError(f"{file} would run code to load ({first}); only tensors are read from a checkpoint: save "
+                              "its state_dict() (torch.save(model.state_dict(), ...)) or save it as safetensors") from exc
+        raise ConfigError(f"{file} is not a PyTorch checkpoint (truncated or another format: {first}); copy it again "
+                          "or save it with torch.save(model.state_dict(), ...)") from exc
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"{file} is not a PyTorch checkpoint (truncated or another format: {first}); copy it again "
+                          "or save it with torch.save(model.state_dict(), ...)") from exc
+    return _state_dict_of(loaded, file)
+
+
+def _state_dict_of(loaded: Any, file: Path) -> dict[str, torch.Tensor]:
+    if isinstance(loaded, Mapping) and loaded and all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        return {str(k): v for k, v in loaded.items()}
+    if isinstance(loaded, Mapping):
+        for key in _NESTED:
+            if key in loaded and isinstance(loaded[key], Mapping):
+                return _state_dict_of(loaded[key], file)
+    what = f"a dict with keys {_keys(sorted(map(str, loaded)))}" if isinstance(loaded, Mapping) else type(loaded).__name__
+    raise ConfigError(f"{file} holds {what}, not a state dict (key -> tensor, or one under "
+                      f"{' / '.join(repr(k) for k in _NESTED)}); save model.state_dict()")
+
+
+def rename(state: Mapping[str, torch.Tensor], prefixes: Mapping[str, str]) -> dict[str, torch.Tensor]:
+    """`state` with each key's longest matching prefix in `prefixes` (file prefix -> module prefix)
+    replaced: {"module.": ""} strips a wrapper's prefix, {"": "backbone."} adds one."""
+    order = sorted(prefixes, key=len, reverse=True)
+    out = {}
+    for key, value in state.items():
+        old = next((p for p in order if key.startswith(p)), None)
+        out[key if old is None else prefixes[old] + key[len(old):]] = value
+    return out
+
+
+def load_strictly(module: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str, keep_missing: bool = False) -> list[str]:
+    """Copy `state` into `module` in place; return the keys the file did not set (none unless
+    `keep_missing`: those keep the values they were built with).
+
+    Raises:
+        ConfigError: a key of the module the file lacks (unless tied to one it sets, or
+            `keep_missing`), a key the module does not have, or a shape or dtype that differs.
+    """
+    own = module.state_dict(keep_vars=True)
+    unexpected = sorted(set(state) - set(own))
+    if unexpected:
+        close = _close_prefix(unexpected[0], own)
+        raise ConfigError(f"{source} sets {len(unexpected)} key(s) the model does not have: {_keys(unexpected)}; "
+                          + (f"map the prefix with model.weight_prefixes={{{close[0]!r}: {close[1]!r}}} " if close else
+                             "check that model._target_ and model.kwargs build the model this file was saved from ")
+                          + "(model.weight_prefixes maps a file's key prefixes to the model's)")
+    set_storage = {own[k].data_ptr() for k in state if own[k].numel()}
+    missing = sorted(k for k in own if k not in state and not (own[k].numel() and own[k].data_ptr() in set_storage))
+    if missing and not keep_missing:
+        raise ConfigError(f"{source} lacks {len(missing)} key(s) of the model: {_keys(missing)}; check that model._target_ "
+                          "and model.kwargs build the model it was saved from, or set model.weights_partial=true to keep "
+                          "the seeded values of what it lacks")
+    for what, differs in (("shape", lambda a, b: a.shape != b.shape), ("dtype", lambda a, b: a.dtype != b.dtype)):
+        bad = [k for k in sorted(state) if differs(own[k], state[k])]
+        if bad:
+            k = bad[0]
+            got, want = (list(state[k].shape), list(own[k].shape)) if what == "shape" else (state[k].dtype, own[k].dtype)
+            fix = ("build the model with the sizes the file was saved with (model.kwargs)" if what == "shape" else
+                   "build the model in the file's dtype (model.kwargs.dtype, where the factory takes one) or convert the file")
+            raise ConfigError(f"{source}: {len(bad)} key(s) differ in {what} from the model's, first {k!r}: {got} in the file, "
+                              f"{want} in the model ({_keys(bad)}); {fix}")
+    with torch.no_grad():
+        module.load_state_dict(dict(state), strict=False)
+    return missing
+
+
+def _close_prefix(key: str, own: Mapping[str, Any]) -> tuple[str, str] | None:
+    """A prefix mapping under which `key` becomes one of the module's keys, if one exists."""
+    parts = key.split(".")
+    for cut in range(1, len(parts)):  # the file has a wrapper's prefix
+        if ".".join(parts[cut:]) in own:
+            return ".".join(parts[:cut]) + ".", ""
+    for name in own:  # the module has one
+        if name.endswith("." + key):
+            return "", name[: -len(key)]
+    return None
+
+
+def _keys(keys: list[str]) -> str:
+    shown = ", ".join(repr(k) for k in keys[:_SHOWN])
+    return shown + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else "")
