@@ -22,21 +22,16 @@ class InputSpec:
 
 
 @dataclass
-class DimSpec:
-    """A dynamic dim shared by every input dim that names it."""
-
-    min: int = 1
-    max: int = MISSING
-
-
-@dataclass
 class MethodSpec:
     """One program method: the module method it runs, example inputs, dynamic dims."""
 
     function: str = "forward"
     inputs: list[InputSpec] = MISSING
-    dims: dict[str, DimSpec] = field(default_factory=dict)
-    dynamic: dict[int, dict[int, str]] = field(default_factory=dict)  # input index -> dim -> dim name
+    # A dynamic dim shared by every input dim that names it: name -> {min, max} (checked by
+    # validate.py; untyped here so that one override adds one: `+model.methods.forward.dims.batch={min:1,max:16}`)
+    dims: dict[str, Any] = field(default_factory=dict)
+    # input index -> dim -> dim name; null: every dim static (`model.methods.forward.dynamic=null`)
+    dynamic: dict[int, dict[int, str]] | None = field(default_factory=dict)
 
 
 @dataclass

@@ -168,8 +168,12 @@ def _check_method(where: str, m: DictConfig) -> None:
     if not m.inputs:
         raise ConfigError(f"{where}.inputs is empty; a method takes at least one input")
     for dim_name, dim in m.dims.items():
-        if not 0 <= dim.min <= dim.max <= _DIM_MAX:
-            raise ConfigError(f"{where}.dims.{dim_name} = {{min: {dim.min}, max: {dim.max}}}; needs 0 <= min <= max "
+        if not isinstance(dim, Mapping) or sorted(dim) != ["max", "min"] or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in dim.values()):
+            raise ConfigError(f"{where}.dims.{dim_name} = {dim!r} is not a dim; give its range as {{min: 1, max: 16}} "
+                              "(two integers)")
+        if not 0 <= dim["min"] <= dim["max"] <= _DIM_MAX:
+            raise ConfigError(f"{where}.dims.{dim_name} = {{min: {dim['min']}, max: {dim['max']}}}; needs 0 <= min <= max "
                               "< 2**31 (TensorRT's dims are 32-bit)")
     for i, item in enumerate(m.inputs):
         if item.dtype not in DTYPES:
@@ -196,7 +200,7 @@ def _iinfo(dtype: str) -> Any:
 
 
 def _check_dynamic(where: str, m: DictConfig) -> None:
-    for index, dims in m.dynamic.items():
+    for index, dims in (m.dynamic or {}).items():
         if not 0 <= int(index) < len(m.inputs):
             raise ConfigError(f"{where}.dynamic names input {index}, but the method has {len(m.inputs)} inputs")
         shape = list(m.inputs[int(index)].shape)

@@ -178,6 +178,9 @@ def decoder(architecture: str | None = None, max_cache_len: int = 0, dtype: str 
 
     from pipeline import tokenizer
 
+    if folder is None and architecture is None:
+        raise ConfigError("pipeline.models.hf.decoder builds from a Hugging Face model folder (model.weights=<folder>) "
+                          f"or from model.kwargs.architecture (one of {sorted(DECODERS)}); give one")
     if folder is None and architecture not in DECODERS:
         raise ConfigError(f"model.kwargs.architecture = {architecture!r} is not one of {sorted(DECODERS)}")
     if int(max_cache_len) < 1:

@@ -20,6 +20,10 @@ GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in
 @pytest.mark.parametrize("group, option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_instantiates(group: str, option: str) -> None:
     cfg = OmegaConf.to_container(compose([f"{group}={option}"]), resolve=True)
+    if (group, option) == ("model", "hf_decoder"):  # built from the user's folder (tests/models/test_checkpoints.py)
+        with pytest.raises(ConfigError, match=r"builds from a Hugging Face model folder \(model.weights=<folder>\)"):
+            objects.model(cfg)
+        return
     for method, spec in cfg["model"]["methods"].items():
         assert objects.compile_spec(cfg, method).method == method
         objects.partitioners(cfg, method)
@@ -55,6 +59,14 @@ def test_every_matrix_target_is_a_whole_config() -> None:
 def test_bad_targets_fail_at_composition(overrides: list[str], message: str) -> None:
     with pytest.raises((ConfigError, ConfigCompositionException), match=message):
         compose(overrides)
+
+
+def test_a_dynamic_dim_is_added_or_removed_in_one_line() -> None:
+    cfg = compose(["model=resnet18", "+model.methods.forward.dims.batch={min:1,max:16}",
+                   "+model.methods.forward.dynamic={0:{0:batch}}", "model.methods.forward.inputs.0.shape=[2,3,224,224]"])
+    assert OmegaConf.to_container(cfg.model.methods.forward.dims) == {"batch": {"min": 1, "max": 16}}
+    plain = OmegaConf.to_container(compose(["model.methods.forward.dynamic=null"]), resolve=True)
+    assert objects.dynamic_shapes(plain["model"]["methods"]["forward"], "forward") is None  # the mlp, every dim static
 
 
 def test_shared_dims_are_one_dim() -> None:

@@ -52,6 +52,8 @@ BAD_VALUES = [
     ("runtime.validation_seed=-3", "runtime.validation_seed = -3 must be an integer in 0..2**63-1"),
     ("model.methods.forward.inputs.0.shape=[100000,100000]", "has 10000000000 elements, more than an example input may"),
     ("model.methods.forward.dims.batch.max=100000000000", "needs 0 <= min <= max < 2**31"),
+    ("+model.methods.forward.dims.rows={max:8}", "model.methods.forward.dims.rows = {'max': 8} is not a dim; give its "
+                                                 "range as {min: 1, max: 16}"),
     ("model.methods.forward.inputs=[{shape: [4, 64], dtype: int32, high: 3000000000}]", "needs low < high, both in int32's"),
 ]
 
