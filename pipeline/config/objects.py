@@ -5,6 +5,7 @@ inputs, dynamic shapes, compile specs, partitioner chains and passes. Every `_ta
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from pipeline.models.weights import calibrate_batch_norms, show_every_layer
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_cache import EngineCache
 
+log = logging.getLogger("pipeline")
 # The constant method naming a program's weight files: JSON {"path": model.weights, "files":
 # [{"file", "bytes", "sha256"}]} (`checkpoint.digests`).
 WEIGHTS = "pipeline_weights"
@@ -103,7 +105,10 @@ def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
     if weights:
         target = getattr(built, "checkpoint_module", built)
         state = checkpoint.rename(checkpoint.read_state_dict(weights), dict(section.get("weight_prefixes") or {}))
-        checkpoint.load_strictly(target, state, f"model.weights = {weights!r}", bool(section.get("weights_partial")))
+        kept = checkpoint.load_strictly(target, state, f"model.weights = {weights!r}", bool(section.get("weights_partial")))
+        if kept:
+            log.warning("model.weights = %r sets %d of the model's keys; %d keep their seeded values (model.weights_partial): "
+                        "%s", weights, len(state), len(kept), ", ".join(kept))
     elif section.get("init", "factory") == "every_layer":
         _every_layer(built, section)
     return built.eval()

@@ -80,6 +80,9 @@ def encoder(architecture: str | None = None, *, folder: str | None = None, **con
             raise ConfigError(f"model folder {folder!r}: a {type(model).__name__} takes {model.main_input_name!r}; an "
                               f"encoder program takes one of {sorted(_TAKES)}")
         return Encoder(model.eval(), takes)
+    if architecture is None:
+        raise ConfigError("pipeline.models.hf.encoder builds from a Hugging Face model folder (model.weights=<folder>) "
+                          f"or from model.kwargs.architecture (one of {sorted(ENCODERS)}); give one")
     if architecture not in ENCODERS:
         raise ConfigError(f"model.kwargs.architecture = {architecture!r} is not one of {sorted(ENCODERS)}")
     model_name, config_name, takes = ENCODERS[architecture]

@@ -243,3 +243,19 @@ def test_model_folders_run_no_code_and_name_what_they_lack(tmp_path: Path) -> No
     assert "has tokenizer.model but no tokenizer.json" in refused({})
     with pytest.raises(ConfigError, match="only a factory that takes `folder` builds from"):
         built(f"model.weights={folder}")
+
+
+def test_a_model_folder_builds_its_encoder(tmp_path: Path) -> None:
+    """`model=hf_encoder model.weights=<folder>`: the base model a folder's config.json names (here a
+    BERT), with the folder's weights: the last hidden state transformers' own model gives."""
+    import transformers
+
+    torch.manual_seed(3)
+    transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                   intermediate_size=64, vocab_size=100)).save_pretrained(tmp_path / "bert")
+    cfg = OmegaConf.to_container(compose(["model=hf_encoder", f"model.weights={tmp_path / 'bert'}"]), resolve=True)
+    encoder = objects.model(cfg)  # type: ignore[arg-type]
+    reference = transformers.AutoModel.from_pretrained(tmp_path / "bert", local_files_only=True, attn_implementation="eager").eval()
+    tokens = torch.randint(0, 100, (1, 16))
+    with torch.no_grad():
+        assert torch.allclose(encoder(tokens), reference(input_ids=tokens).last_hidden_state, atol=1e-5)
