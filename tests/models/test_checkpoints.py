@@ -189,12 +189,13 @@ def test_a_model_folder_builds_its_decoder_and_generates_text(tmp_path: Path) ->
     from pipeline.models.decoder import MethodView
 
     folder = hf_folder(tmp_path / "llama")
-    decoder = objects.model(OmegaConf.to_container(compose(["model=hf_decoder", f"model.weights={folder}",  # type: ignore[arg-type]
-                                                            "model.kwargs.max_cache_len=48"]), resolve=True))
+    cfg = OmegaConf.to_container(compose(["model=hf_decoder", f"model.weights={folder}", "model.kwargs.max_cache_len=48"]),
+                                 resolve=True)
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     tokens = torch.randint(0, 300, (1, 6))
-    with torch.no_grad():
-        assert torch.allclose(decoder.step(tokens, torch.tensor([0])), reference(tokens).logits, atol=1e-5)
+    with torch.no_grad():  # (an eager step writes the cache: the program is exported from a fresh build)
+        assert torch.allclose(objects.model(cfg).step(tokens, torch.tensor([0])), reference(tokens).logits, atol=1e-5)  # type: ignore[arg-type]
+    decoder = objects.model(cfg)  # type: ignore[arg-type]
     # The program as the build writes it, without engines (it runs here): prefill and decode, its constants.
     example = (torch.zeros(1, 4, dtype=torch.int64), torch.tensor([0]))
     methods = {m: export_method(MethodView(decoder, "step"), example, (({1: Dim("tokens", min=1, max=48)}, {}),))
