@@ -5,6 +5,7 @@ both engines at run time, kept once for both methods. On a GPU: teacher-forced l
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ import torch
 from pipeline import pte, steps
 from pipeline.config import objects
 from pipeline.config.compose import compose
+from pipeline.coverage import suite
+from pipeline.coverage.run import build_row
 from pipeline.errors import ConfigError, InputError
 from pipeline.models.hf import decoder
 from pipeline.pte import named_entries
@@ -27,7 +30,10 @@ MODELS = ["llama_tiny", "qwen2_tiny"]
 @pytest.mark.parametrize("kwargs, message", [
     ({"hiden_size": 64}, "model.kwargs.hiden_size is not a field of LlamaConfig (did you mean 'hidden_size'?)"),
     ({"dtype": "int8"}, "model.kwargs.dtype = 'int8' is not a floating-point dtype"),
-    ({"architecture": "gpt5"}, "model.kwargs.architecture = 'gpt5' is not one of ['llama', 'qwen2']"),
+    ({"architecture": "gpt5"}, "model.kwargs.architecture: 'gpt5' is not a causal-LM model type of transformers"),
+    ({"architecture": "mamba"}, "a MambaForCausalLM gets no static KV cache from transformers"),
+    ({"attn_implementation": "flash_attention_2"}, "model.kwargs.attn_implementation = 'flash_attention_2': transformers "
+                                                   "refuses it for a LlamaForCausalLM"),
     ({"max_cache_len": 0}, "model.kwargs.max_cache_len = 0 must be at least 1"),
 ])
 def test_bad_decoder_kwargs_are_one_line(kwargs: dict[str, object], message: str) -> None:
@@ -35,6 +41,26 @@ def test_bad_decoder_kwargs_are_one_line(kwargs: dict[str, object], message: str
     with pytest.raises(ConfigError) as error:
         decoder(**{"architecture": "llama", "max_cache_len": 8, **kwargs})  # type: ignore[arg-type]
     assert str(error.value).startswith(message), error.value
+
+
+@pytest.mark.parametrize("family", suite.DECODERS)
+def test_every_suite_family_steps_as_transformers_does(family: str) -> None:
+    """Any causal-LM type transformers has, by its model type: the decoder (sdpa or eager attention
+    as the family allows, experts as gathered batched matmuls, the static cache) gives, for a prompt
+    and then decode steps, the logits transformers' own model with its defaults gives for the whole
+    sequence without a cache."""
+    import transformers
+
+    (entry,) = suite.select([f"hf-decoder/{family}"])
+    model = objects.model({"model": entry.model})
+    lm = model.checkpoint_module  # type: ignore[union-attr]
+    reference = transformers.AutoModelForCausalLM.from_config(type(lm.config)(**lm.config.to_dict())).eval()
+    reference.load_state_dict(lm.state_dict())
+    tokens = torch.randint(0, suite.DECODER_SIZE["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = reference(tokens, use_cache=False).logits
+        got = [model.prefill(tokens[:, :6])] + [model.decode(tokens[:, i:i + 1], torch.tensor([i])) for i in range(6, 9)]
+    torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=1e-4, atol=1e-4)
 
 
 # llama_tiny's engine has a one-token profile for decode besides the whole token range (one engine,
@@ -94,24 +120,43 @@ def test_teacher_forced_logits_match_transformers(built: tuple[object, Path], me
     """Prefill, then decode steps (each method one CUDA graph when `method_graph`), the cache
     updated in place in the program's state: every step's logits match eager transformers."""
     cfg, out = built
-    model = objects.model(cfg).cuda()  # type: ignore[arg-type]
     program = load(out / "program" / f"{cfg.model.name}.pte",  # type: ignore[attr-defined]
                    options=RuntimeOptions(method_graph=method_graph))
     (state,) = program.state.values()
     where = state.data_ptr()
+    assert_teacher_forced(program, objects.model(cfg).cuda(), 256, 16, 8)  # type: ignore[arg-type]
+    assert state.data_ptr() == where and len(program._engines) == 1  # in place; one engine on the device
+
+
+def assert_teacher_forced(program: Any, model: Any, vocab: int, prompt_len: int, steps_: int) -> None:
+    """Prefill a prompt, then decode `steps_` given tokens: every step's last logits match the eager
+    model's (within fp32 engine tolerance) and pick the same next token."""
     torch.manual_seed(1)
-    prompt, follow = torch.randint(0, 256, (1, 16)).cuda(), torch.randint(0, 256, (8,)).cuda()
+    prompt, follow = torch.randint(0, vocab, (1, prompt_len)).cuda(), torch.randint(0, vocab, (steps_,)).cuda()
     with torch.no_grad():
         got = [program.method("prefill").execute([prompt, torch.tensor([0]).cuda()])[0][:, -1]]
         want = [model.prefill(prompt)[:, -1]]
         for i, token in enumerate(follow):
-            position = torch.tensor([16 + i]).cuda()
+            position = torch.tensor([prompt_len + i]).cuda()
             got.append(program.method("decode").execute([token.view(1, 1), position])[0][:, -1])
             want.append(model.decode(token.view(1, 1), position)[:, -1])
     for g, w in zip(got, want):
         torch.testing.assert_close(g.float(), w.float(), rtol=2e-3, atol=2e-3 * float(w.abs().max()))
     assert all(bool((g.argmax(-1) == w.argmax(-1)).all()) for g, w in zip(got, want))
-    assert state.data_ptr() == where and len(program._engines) == 1  # in place; one engine on the device
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+@pytest.mark.parametrize("family", suite.DECODERS)
+def test_every_suite_family_teacher_forced_on_the_gpu(family: str, tmp_path: Path) -> None:
+    """The coverage suite's decoder families, each built as the suite builds it (its own tiny
+    config, engines from TensorRT-RTX): lowered whole, and teacher-forced logits match eager."""
+    (entry,) = suite.select([f"hf-decoder/{family}"])
+    row = build_row(entry, "fp32", tmp_path)
+    assert row["lowered_whole"], row
+    program = load(tmp_path / "program" / f"{entry.model['name']}.pte")
+    model = objects.model({"model": entry.model}).cuda()
+    assert_teacher_forced(program, model, suite.DECODER_SIZE["vocab_size"], 8, 6)
 
 
 @pytest.mark.gpu

@@ -32,7 +32,16 @@ DTYPES = {name: dtypes.BY_NAME[name].torch for name in ("float32", "float16", "b
 
 def instantiate(entry: Mapping[str, Any], slot: str, where: str) -> Any:
     """Call `entry["_target_"]`, checked to be of `slot`'s kind, with `entry["kwargs"]`."""
-    return build(locate(str(entry["_target_"]), slot, where), dict(entry.get("kwargs") or {}), where)
+    return build(locate(str(entry["_target_"]), slot, where), plain_kwargs(entry), where)
+
+
+def plain_kwargs(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A config entry's `kwargs` as plain Python values (a list a list, not OmegaConf's ListConfig),
+    as the code they are passed to expects, whichever way the config came (composed or loaded)."""
+    from omegaconf import OmegaConf
+
+    kwargs = entry.get("kwargs") or {}
+    return dict(OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else kwargs)  # type: ignore[arg-type]
 
 
 def build(factory: Any, kwargs: dict[str, Any], where: str) -> Any:
@@ -62,7 +71,7 @@ def check_no_download(factory: Any, kwargs: Mapping[str, Any]) -> None:
 def model_kwargs(factory: Any, section: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments the model factory gets from the config's `model` section: its kwargs,
     plus `seed=` when the factory takes one."""
-    kwargs = dict(section.get("kwargs") or {})
+    kwargs = plain_kwargs(section)
     return {"seed": int(section["seed"]), **kwargs} if "seed" in inspect.signature(factory).parameters else kwargs
 
 

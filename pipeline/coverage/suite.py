@@ -60,6 +60,19 @@ HF: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                              {"shape": [1, 80, 3000]}),
 }
 
+# Causal decoders (`pipeline.models.hf.decoder`, by transformers model type): one tiny size for all,
+# each family taking the fields its config has (GPT-2's `n_embd` is its `hidden_size`), token ids
+# inside the tiny vocabulary. Built as the decoder configs are: prefill and decode, one function.
+DECODER_SIZE: dict[str, Any] = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 128,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}  # mixtures of experts
+DECODERS = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "phi",
+            "phi3", "gpt2", "gpt_neox", "opt", "olmo", "olmo2", "granite", "stablelm", "starcoder2", "smollm3",
+            "cohere", "glm", "nemotron", "exaone4", "persimmon")
+DECODER_CACHE = 32
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -95,6 +108,7 @@ def entries() -> list[Entry]:
     out.extend(_timm(name) for name in TIMM)
     for name, (arch, config, item) in HF.items():
         out.append(_entry(f"hf/{name}", "hf", "pipeline.models.hf.encoder", {"architecture": arch, **config}, item))
+    out.extend(_decoder(family) for family in DECODERS)
     return out
 
 
@@ -127,6 +141,21 @@ def first_output(out: Any) -> Any:
     if isinstance(out, dict):
         return out[next(iter(out))]
     return out[0] if isinstance(out, (list, tuple)) else out
+
+
+def _decoder(family: str) -> Entry:
+    import transformers
+
+    config_class = transformers.CONFIG_MAPPING[family]
+    known = {*config_class().to_dict(), *getattr(config_class, "attribute_map", {})}
+    kwargs = {"architecture": family, "max_cache_len": DECODER_CACHE,
+              **{k: v for k, v in DECODER_SIZE.items() if k in known}}
+    step = {"function": "step", "dims": {"tokens": {"min": 1, "max": DECODER_CACHE}}, "dynamic": {0: {1: "tokens"}},
+            "inputs": [{"shape": [1, 8], "dtype": "int64", "low": 0, "high": DECODER_SIZE["vocab_size"]},
+                       {"shape": [1], "dtype": "int64", "low": 0, "high": 1}]}
+    section = {"name": f"hf-decoder-{family}", "_target_": "pipeline.models.hf.decoder", "kwargs": kwargs, "seed": 0,
+               "methods": {"prefill": step, "decode": step}}
+    return Entry(f"hf-decoder/{family}", "hf-decoder", section)
 
 
 def _timm(name: str) -> Entry:

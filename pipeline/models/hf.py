@@ -86,19 +86,12 @@ def encoder(architecture: str | None = None, *, folder: str | None = None, **con
     if architecture not in ENCODERS:
         raise ConfigError(f"model.kwargs.architecture = {architecture!r} is not one of {sorted(ENCODERS)}")
     model_name, config_name, takes = ENCODERS[architecture]
-    cfg = _config(config_name, config)
+    cfg = _config(getattr(transformers, config_name), config)
     cfg._attn_implementation = "eager"  # plain ops: the graph TensorRT sees does not depend on the machine
     model = getattr(transformers, model_name)(cfg)
     if architecture == "whisper_encoder":
         model = model.get_encoder()
     return Encoder(model.eval(), takes)
-
-
-# architecture -> (causal LM class, config class)
-DECODERS = {
-    "llama": ("LlamaForCausalLM", "LlamaConfig"),
-    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config"),
-}
 
 
 FLOATS = ("float32", "float16", "bfloat16")
@@ -121,7 +114,15 @@ class Decoder(torch.nn.Module):
         model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static", max_length=max_cache_len,
                                                    cache_config={"batch_size": 1, "max_cache_len": max_cache_len})
         self.max_cache_len = max_cache_len
-        self.model = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
+        try:
+            self.model = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"a {type(model).__name__} gets no static KV cache from transformers ({_first_line(exc)}); "
+                              "decoder programs keep a KV cache, so this family cannot build as one") from exc
+        recurrent = [type(layer).__name__ for layer in self.model.static_cache.layers if not hasattr(layer, "keys")]
+        if recurrent:
+            raise ConfigError(f"a {type(model).__name__} keeps a recurrent state ({recurrent[0]}), not only a KV cache; "
+                              "decoder programs keep a KV cache, so this family cannot build as one")
 
     @property
     def program_constants(self) -> dict[str, int | str]:
@@ -166,40 +167,81 @@ class Decoder(torch.nn.Module):
 
 @model_factory
 def decoder(architecture: str | None = None, max_cache_len: int = 0, dtype: str | None = None, *,
-            folder: str | None = None, **config: Any) -> torch.nn.Module:
-    """The causal decoder of `architecture` (a key of `DECODERS`) with a KV cache of `max_cache_len`
-    positions, weights and cache in `dtype` (default float32), its config's defaults overridden by
-    `config` (hidden_size, num_hidden_layers, ...); or, from a model `folder`, the causal LM its
+            attn_implementation: str | None = None, folder: str | None = None, **config: Any) -> torch.nn.Module:
+    """The causal decoder of `architecture` (any causal-LM model type `transformers` has: llama,
+    qwen2, mistral, gemma2, phi3, gpt2, ...) with a KV cache of `max_cache_len` positions, weights
+    and cache in `dtype` (default float32), its config's defaults overridden by `config`
+    (hidden_size, num_hidden_layers, ...); or, from a model `folder`, the causal LM its
     `config.json` names (dtype default: the folder's), fields overridden by `config`, carrying the
-    folder's tokenizer (the weights are loaded after). Inference only: no parameter requires grad.
+    folder's tokenizer (the weights are loaded after). Attention is `sdpa` where the family supports
+    it (one scaled_dot_product_attention per layer), else `eager`; `attn_implementation` overrides.
+    Inference only: no parameter requires grad.
 
     Raises:
-        ConfigError: an unknown architecture or dtype, a cache of no positions, or a folder whose
-            model transformers cannot build.
+        ConfigError: an architecture that is not a causal LM of transformers, a dtype that is not a
+            float, a cache of no positions, an attention transformers refuses for the family, a model
+            that keeps no KV cache, or a folder whose model transformers cannot build.
     """
-    import transformers
-
     from pipeline import tokenizer
 
     if folder is None and architecture is None:
         raise ConfigError("pipeline.models.hf.decoder builds from a Hugging Face model folder (model.weights=<folder>) "
-                          f"or from model.kwargs.architecture (one of {sorted(DECODERS)}); give one")
-    if folder is None and architecture not in DECODERS:
-        raise ConfigError(f"model.kwargs.architecture = {architecture!r} is not one of {sorted(DECODERS)}")
+                          "or from model.kwargs.architecture (a causal-LM model type of transformers, e.g. 'llama'); give one")
     if int(max_cache_len) < 1:
         raise ConfigError(f"model.kwargs.max_cache_len = {max_cache_len} must be at least 1")
-    cfg = folder_config(folder, architecture, config) if folder is not None else _config(DECODERS[str(architecture)][1], config)
+    if folder is not None:
+        cfg = folder_config(folder, architecture, config)
+        model_class = causal_lm_class(cfg.model_type, f"model folder {folder!r}")
+    else:
+        model_class = causal_lm_class(str(architecture), "model.kwargs.architecture")
+        cfg = _config(type_config_class(str(architecture)), config)
     dtype = dtype or (str(cfg.dtype).removeprefix("torch.") if folder is not None and cfg.dtype is not None else "float32")
     row = dtypes.by_name(dtype)
     if row is None or not row.torch.is_floating_point:
         raise ConfigError(f"model.kwargs.dtype = {dtype!r} is not a floating-point dtype ({', '.join(FLOATS)})")
-    cfg._attn_implementation = "sdpa"  # one scaled_dot_product_attention per layer (GQA included)
-    if folder is not None:
-        model = _from_config(transformers.AutoModelForCausalLM, cfg, folder)
-    else:
-        model = getattr(transformers, DECODERS[str(architecture)][0])(cfg)
+    cfg._attn_implementation = attn_implementation or ("sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager")
+    if _has_experts(model_class):  # every token through its experts by gathered batched matmuls: shapes the
+        cfg._experts_implementation = "batched_mm"  # tokens give (the default loops over experts that tokens chose)
+    try:
+        model = model_class(cfg)
+    except (ImportError, ValueError) as exc:
+        if attn_implementation is None:
+            raise
+        raise ConfigError(f"model.kwargs.attn_implementation = {attn_implementation!r}: transformers refuses it for a "
+                          f"{model_class.__name__} ({_first_line(exc)}); drop it (sdpa where the family has it, else eager)") from exc
     model = model.to(row.torch).eval().requires_grad_(False)
     return Decoder(model, int(max_cache_len), tokenizer.from_folder(folder) if folder is not None else None).eval()
+
+
+def _has_experts(model_class: Any) -> bool:
+    can_set = getattr(model_class, "_can_set_experts_implementation", None)
+    return bool(can_set and can_set())
+
+
+def causal_lm_class(model_type: str, where: str) -> Any:
+    """The `transformers` causal-LM class of `model_type` (its `AutoModelForCausalLM` entry).
+
+    Raises:
+        ConfigError: transformers has no causal LM of that type.
+    """
+    import difflib
+
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL_LMS
+
+    name = CAUSAL_LMS.get(model_type)
+    if name is None or not hasattr(transformers, name):
+        close = difflib.get_close_matches(model_type, list(CAUSAL_LMS), n=3)
+        raise ConfigError(f"{where}: {model_type!r} is not a causal-LM model type of transformers {transformers.__version__}"
+                          + (f" (close: {close})" if close else "") + "; an encoder builds with pipeline.models.hf.encoder")
+    return getattr(transformers, name)
+
+
+def type_config_class(model_type: str) -> Any:
+    """The `transformers` config class of `model_type`."""
+    import transformers
+
+    return transformers.CONFIG_MAPPING[model_type]
 
 
 def folder_config(folder: str, architecture: str | None, fields: dict[str, Any]) -> Any:
@@ -233,7 +275,7 @@ def folder_config(folder: str, architecture: str | None, fields: dict[str, Any])
         raise ConfigError(f"{path} names model_type {kind!r}, which transformers {transformers.__version__} does not have; "
                           "save the model with a transformers that does, or upgrade transformers")
     cfg = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    _check_fields(type(cfg).__name__, cfg.to_dict(), fields)
+    _check_fields(type(cfg), cfg.to_dict(), fields)
     for name, value in fields.items():
         setattr(cfg, name, value)
     return cfg
@@ -243,29 +285,32 @@ def _from_config(auto: Any, cfg: Any, folder: str) -> Any:
     try:
         return auto.from_config(cfg, trust_remote_code=False)
     except ValueError as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
         raise ConfigError(f"model folder {folder!r}: transformers has no {auto.__name__} for a {type(cfg).__name__} "
-                          f"({first}); build it with the other factory (pipeline.models.hf.encoder or .decoder)") from exc
+                          f"({_first_line(exc)}); build it with the other factory (pipeline.models.hf.encoder or .decoder)") from exc
 
 
-def _config(config_name: str, fields: dict[str, Any]) -> Any:
+def _config(config_class: Any, fields: dict[str, Any]) -> Any:
     """The `transformers` config with `fields` set. `transformers` keeps any keyword as an attribute,
     so a misspelt field would silently build the default-sized model: unknown fields are refused.
 
     Raises:
         ConfigError: a field the config class does not have.
     """
-    import transformers
-
-    config_class = getattr(transformers, config_name)
-    _check_fields(config_name, config_class().to_dict(), fields)
+    _check_fields(config_class, config_class().to_dict(), fields)
     return config_class(**fields)
 
 
-def _check_fields(config_name: str, known: dict[str, Any], fields: dict[str, Any]) -> None:
+def _check_fields(config_class: Any, known: dict[str, Any], fields: dict[str, Any]) -> None:
+    """Refuse a field neither the config nor its aliases (`attribute_map`: GPT-2's `hidden_size`
+    is its `n_embd`) have."""
     import difflib
 
-    for name in sorted(set(fields) - set(known)):
-        close = difflib.get_close_matches(name, list(known), n=1)
-        raise ConfigError(f"model.kwargs.{name} is not a field of {config_name}"
+    names = [*known, *getattr(config_class, "attribute_map", {})]
+    for name in sorted(set(fields) - set(names)):
+        close = difflib.get_close_matches(name, names, n=1)
+        raise ConfigError(f"model.kwargs.{name} is not a field of {config_class.__name__}"
                           + (f" (did you mean {close[0]!r}?)" if close else ""))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]

@@ -21,6 +21,7 @@ from pipeline.config.compose import compose
 from pipeline.errors import ConfigError
 from pipeline.models.checkpoint import digests
 from pipeline.models.mlp import MLP
+from tests.helpers import GPU
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -260,3 +261,29 @@ def test_a_model_folder_builds_its_encoder(tmp_path: Path) -> None:
     tokens = torch.randint(0, 100, (1, 16))
     with torch.no_grad():
         assert torch.allclose(encoder(tokens), reference(input_ids=tokens).last_hidden_state, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_a_model_folder_built_to_engines_generates_transformers_text(tmp_path: Path) -> None:
+    """The whole build (`run_all`: TensorRT engines) of a folder's decoder, run on the GPU:
+    `generate --prompt TEXT` prints the text transformers' greedy generation gives, 32 tokens."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    from pipeline.steps import run_all
+
+    folder = hf_folder(tmp_path / "llama")
+    files = run_all(OmegaConf.to_container(compose(["model=hf_decoder", f"model.weights={folder}"]), resolve=True),  # type: ignore[arg-type]
+                    tmp_path / "build")
+    prompt = "the cat sat on"
+    run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(files["pte"]), "--prompt", prompt,
+                          "--max-new-tokens", "32"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = torch.tensor([tok.encode(prompt).ids])
+    with torch.no_grad():
+        expected = reference.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=2)[0, ids.shape[1]:].tolist()
+    expected = expected[:expected.index(2)] if 2 in expected else expected
+    assert run.stdout.split("\n")[0] == tok.decode(expected, skip_special_tokens=True)
