@@ -165,18 +165,19 @@ def value_check_us(method: Any, token: torch.Tensor, position: torch.Tensor, cal
     return (time.perf_counter() - begin) / calls * 1e6
 
 
-RUNNER_VARIANTS = {  # row label: pipeline-runner's flags
-    "": [],
-    ", TensorRT-RTX CUDA graph": ["--cuda-graph"],
-    ", eager kernels": ["--kernels", "eager"],
-    ", method graph": ["--method-graph"],
+RUNNER_VARIANTS = {  # name (--runner): row label, pipeline-runner's flags
+    "plain": ("", []),
+    "cuda-graph": (", TensorRT-RTX CUDA graph", ["--cuda-graph"]),
+    "eager-kernels": (", eager kernels", ["--kernels", "eager"]),
+    "method-graph": (", method graph", ["--method-graph"]),
 }
 
 
-def runner_rows(files: dict[str, Path], program: Any, vocab: int, prompt_len: int, steps: int) -> list[dict[str, Any]]:
-    """The runner's rows, one per `RUNNER_VARIANTS` entry (`runner_decode`)."""
+def runner_rows(files: dict[str, Path], program: Any, vocab: int, prompt_len: int, steps: int,
+                names: list[str]) -> list[dict[str, Any]]:
+    """The runner's rows, one per `RUNNER_VARIANTS` entry in `names` (`runner_decode`)."""
     rows = []
-    for label, flags in RUNNER_VARIANTS.items():
+    for label, flags in (RUNNER_VARIANTS[name] for name in names):
         row = {"variant": "pipeline-runner (ExecuTorch C++ runtime, native delegate)" + label}
         guarded(row, "decode_tok_s", lambda f=flags, r=row: runner_decode(files, program, vocab, prompt_len, steps, f, r))
         rows.append(row)
@@ -213,6 +214,27 @@ def guarded(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     print(name, json.dumps(results[name]), flush=True)
 
 
+def measure(name: str, variant: tuple[Step, Step, torch.Tensor, torch.Tensor], args: argparse.Namespace, vocab: int,
+            limits: dict[str, float], reference: Step) -> dict[str, Any]:
+    """One variant's row: prefill ms, decode tok/s (and its fraction of each limit); for compiled
+    variants the per-step profile; for ours the teacher-forced error against `reference`."""
+    prefill, decode, token, position = variant
+    row: dict[str, Any] = {"variant": name}
+    for length in args.prefill:
+        guarded(row, f"prefill_{length}_ms", lambda n=length: prefill_ms(prefill, n, vocab))
+    guarded(row, "decode_tok_s", lambda: tokens_per_s(decode, token, position, args.prompt, args.steps))
+    for k, limit in limits.items():
+        if isinstance(row["decode_tok_s"], float):
+            row[f"fraction_of_{k}_limit"] = row["decode_tok_s"] / limit
+    if not name.startswith("eager"):
+        guarded(row, "per_step", lambda: profile_step(decode, token, position, args.prompt))
+        guarded(row, f"per_prefill_{max(args.prefill)}", lambda: profile_prefill(prefill, max(args.prefill), vocab))
+    if name.startswith("ours"):
+        guarded(row, "teacher_forced", lambda: teacher_forced(
+            lambda t, s: (prefill if t.shape[1] > 1 else decode)(t, s), reference, args.prompt, args.steps, vocab))
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", nargs="*", default=["+experiment=llm_fp16"], help="Hydra overrides of the build")
@@ -220,6 +242,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64, help="decode steps timed, and teacher-forced")
     parser.add_argument("--prompt", type=int, default=128, help="prompt length before the decode steps")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--no-stepwise", action="store_true", help="skip our program run engine graph by engine graph")
+    parser.add_argument("--runner", nargs="*", default=list(RUNNER_VARIANTS), choices=list(RUNNER_VARIANTS),
+                        help="the runner's rows (default: all)")
     parser.add_argument("--build", type=Path, default=None, help="build folder (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -253,8 +278,9 @@ def main() -> None:
     results["ours_device_GB"] = (free_before - torch.cuda.mem_get_info()[0]) / 1e9
     results["engines_on_device"] = len(program._engines)
     guarded(results, "decode_value_check_us", lambda: value_check_us(program.method("decode"), token, position))
-    stepwise = load(files["pte"], files.get("ptd"), options=RuntimeOptions(cuda_graph=True))
-    variants["ours (engine graphs, step by step)"] = ours(stepwise)
+    if not args.no_stepwise:
+        stepwise = load(files["pte"], files.get("ptd"), options=RuntimeOptions(cuda_graph=True))
+        variants["ours (engine graphs, step by step)"] = ours(stepwise)
 
     model = model.cuda()
     variants["eager transformers"] = (model.step, model.step, torch.zeros(1, 1, dtype=torch.int64, device="cuda"),
@@ -274,24 +300,9 @@ def main() -> None:
     bw = results["bandwidth_GBs"]
     limits = {k: v * 1e9 / weight_bytes for k, v in bw.items() if isinstance(v, float)}
     results["decode_limit_tok_s"] = limits
-    rows = []
     with torch.no_grad():
-        for name, (prefill, decode, token, position) in variants.items():
-            row: dict[str, Any] = {"variant": name}
-            for length in args.prefill:
-                guarded(row, f"prefill_{length}_ms", lambda p=prefill, n=length: prefill_ms(p, n, vocab))
-            guarded(row, "decode_tok_s", lambda d=decode, t=token, p=position: tokens_per_s(d, t, p, args.prompt, args.steps))
-            for k, limit in limits.items():
-                if isinstance(row["decode_tok_s"], float):
-                    row[f"fraction_of_{k}_limit"] = row["decode_tok_s"] / limit
-            if not name.startswith("eager"):
-                guarded(row, "per_step", lambda d=decode, t=token, p=position: profile_step(d, t, p, args.prompt))
-                guarded(row, f"per_prefill_{max(args.prefill)}", lambda p=prefill: profile_prefill(p, max(args.prefill), vocab))
-            if name.startswith("ours"):
-                guarded(row, "teacher_forced", lambda p=prefill, d=decode: teacher_forced(
-                    lambda t, s: (p if t.shape[1] > 1 else d)(t, s), reference, args.prompt, args.steps, vocab))
-            rows.append(row)
-    results["rows"] = rows + runner_rows(files, program, vocab, args.prompt, args.steps)
+        rows = [measure(name, variant, args, vocab, limits, reference) for name, variant in variants.items()]
+    results["rows"] = rows + runner_rows(files, program, vocab, args.prompt, args.steps, args.runner)
     table = markdown(results)
     print(table)
     if args.out:

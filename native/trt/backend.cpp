@@ -607,6 +607,21 @@ void pipeline_trt_clear_error() {
   std::lock_guard<std::mutex> lock(pipeline_trt::settings().mutex);
   pipeline_trt::settings().last_error.clear();
 }
+// Page-lock `bytes` of host memory at `ptr` (a caller's planned memory, where the delegate copies
+// inputs from and outputs to), so those copies go straight to and from the device. Returns 0, or -1
+// (the memory stays pageable and works as before) without a usable CUDA driver or when the driver
+// refuses. Unpin before the memory is freed.
+int pipeline_trt_pin_host(void* ptr, size_t bytes) {
+  std::string error;
+  const pipeline_trt::cuda::Driver* drv = pipeline_trt::cuda::driver(error);
+  if (drv == nullptr || ptr == nullptr || bytes == 0) return -1;
+  return drv->host_register(ptr, bytes, 0) == 0 ? 0 : -1;
+}
+void pipeline_trt_unpin_host(void* ptr) {
+  std::string error;
+  const pipeline_trt::cuda::Driver* drv = pipeline_trt::cuda::driver(error);
+  if (drv != nullptr && ptr != nullptr) drv->host_unregister(ptr);
+}
 // Bytes copied host to device and device to host since the process started.
 unsigned long long pipeline_trt_bytes_to_device() { return pipeline_trt::g_to_device.load(); }
 unsigned long long pipeline_trt_bytes_to_host() { return pipeline_trt::g_to_host.load(); }

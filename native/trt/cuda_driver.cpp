@@ -37,7 +37,8 @@ bool load() {
         bind(lib, "cuStreamSynchronize", d.stream_synchronize) && bind(lib, "cuGetErrorString", d.error_string) &&
         bind(lib, "cuStreamBeginCapture_v2", d.begin_capture) && bind(lib, "cuStreamEndCapture", d.end_capture) &&
         bind(lib, "cuGraphInstantiateWithFlags", d.graph_instantiate) && bind(lib, "cuGraphLaunch", d.graph_launch) &&
-        bind(lib, "cuGraphDestroy", d.graph_destroy) && bind(lib, "cuGraphExecDestroy", d.graph_exec_destroy)))
+        bind(lib, "cuGraphDestroy", d.graph_destroy) && bind(lib, "cuGraphExecDestroy", d.graph_exec_destroy) &&
+        bind(lib, "cuMemHostRegister_v2", d.host_register) && bind(lib, "cuMemHostUnregister", d.host_unregister)))
     return false;
   g_driver = d;
   Status s = d.init(0);

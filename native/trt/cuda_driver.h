@@ -44,6 +44,8 @@ struct Driver {
   Status (*graph_launch)(GraphExec exec, Stream stream) = nullptr;
   Status (*graph_destroy)(Graph graph) = nullptr;
   Status (*graph_exec_destroy)(GraphExec exec) = nullptr;
+  Status (*host_register)(void* ptr, size_t bytes, unsigned flags) = nullptr;
+  Status (*host_unregister)(void* ptr) = nullptr;
 };
 
 // The driver, loaded and initialized once with device 0's primary context (the one the CUDA
