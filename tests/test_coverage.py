@@ -19,7 +19,8 @@ from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 def test_suite_has_every_family() -> None:
     suite = entries()
     sources = {e.source for e in suite}
-    assert sources == {"torchvision", "torchvision-segmentation", "timm", "hf"}
+    assert sources == {"torchvision", "torchvision-segmentation", "timm", "hf", "hf-decoder"}
+    assert sum(e.source == "hf-decoder" for e in suite) >= 10
     assert sum(e.source == "timm" for e in suite) >= 40 and sum(e.source == "torchvision" for e in suite) >= 80
     assert {e.name for e in select(slice_="fast")} == set(FAST)
     with pytest.raises(ValueError, match="not in the suite"):

@@ -101,3 +101,24 @@ def ew_ops() -> Any:
 
 def unary_ops() -> Any:
     return trt().UnaryOperation
+
+
+def separable_linear(ctx: ConversionContext, x: Any, matrices: Sequence[torch.Tensor]) -> Any:
+    """`x` mapped along its last `len(matrices)` dims, each by its own matrix [out, in] (a constant):
+    what a resize or an average pooling over boxes computes, as one matrix product per dim."""
+    mop = trt().MatrixOperation
+    x = ctx.cast(x, ctx.compute(torch.float32))
+    rank, n = len(x.shape), len(matrices)
+    lead = ctx.dims(x)[:rank - n]
+    outs = [int(m.shape[0]) for m in matrices]
+    sizes = [int(m.shape[1]) for m in matrices]
+    for i in reversed(range(n)):  # the last dim first: x @ M^T; every other: M @ x over it and the dims after it
+        matrix = ctx.constant(matrices[i].to(torch.float32))
+        if i == n - 1:
+            x = ctx.network.add_matrix_multiply(x, mop.NONE, unsqueeze_to(ctx, matrix, len(x.shape)), mop.TRANSPOSE)
+        else:
+            rows = int(torch.tensor(outs[i + 1:]).prod())
+            x = ctx.reshape(x, [*lead, *sizes[:i], sizes[i], rows]) if i < n - 2 else x
+            x = ctx.network.add_matrix_multiply(unsqueeze_to(ctx, matrix, len(x.shape)), mop.NONE, x, mop.NONE)
+        x = x.get_output(0)
+    return ctx.reshape(x, [*lead, *outs]) if n > 2 else x

@@ -1,5 +1,6 @@
-"""Converters that pick or place elements by index: index_select, gather, advanced indexing
-(`x[idx]`), index_put (`x[..., idx] = v`), padding with a constant, and repeat (tiling)."""
+"""Converters that pick or place elements by index: index_select, gather, scatter and
+slice_scatter, advanced indexing (`x[idx]`), index_put (`x[..., idx] = v`), padding with a
+constant, and repeat (tiling)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,60 @@ def index_select(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwar
 def gather(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, dim, index = args[0], norm_dim(int(args[1]), len(args[0].shape)), args[2]
     layer = ctx.network.add_gather_v2(x, _wrapped(ctx, index, ctx.dims(x)[dim]), trt().GatherMode.ELEMENT)
+    layer.axis = dim
+    return layer.get_output(0)
+
+
+def _scatter_ok(node: Node, spec: Any) -> str | None:
+    index = node.args[2].meta["val"]  # type: ignore[union-attr]
+    if index.dtype not in _INDEX_DTYPES:
+        return f"index dtype {str(index.dtype).removeprefix('torch.')} is not int32/int64"
+    src = node.args[3].meta.get("val") if isinstance(node.args[3], Node) else None
+    if src is not None and tuple(src.shape) != tuple(index.shape) and not all(isinstance(d, int) for d in src.shape):
+        return "scatter from a source larger than its index needs static shapes"
+    return None
+
+
+@converter(aten.scatter.src, aten.scatter.value, validator=_scatter_ok)
+def scatter(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`x` with the elements of `src` (or a value) written where `index` says along `dim`."""
+    x, dim, index, src = args[0], norm_dim(int(args[1]), len(args[0].shape)), args[2], args[3]
+    index_shape = list(node.args[2].meta["val"].shape)  # type: ignore[union-attr]
+    if isinstance(node.args[3], Node):
+        src = ctx.cast(src, ctx.node_dtype(node))
+        if list(src.shape) != [d if isinstance(d, int) else -1 for d in index_shape]:  # only index's part is read
+            src = slice_layer(ctx, src, [0] * len(index_shape), index_shape, [1] * len(index_shape))
+    else:
+        src = broadcast(ctx, ctx.tensor(src, like=x, dtype=ctx.node_dtype(node)), ctx.dims(index))
+    layer = ctx.network.add_scatter(ctx.cast(x, ctx.node_dtype(node)), ctx.cast(index, torch.int64), src,
+                                    trt().ScatterMode.ELEMENT)
+    layer.axis = dim
+    return layer.get_output(0)
+
+
+def _slice_scatter_ok(node: Node, spec: Any) -> str | None:
+    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
+    dim = norm_dim(int(v.arg(node, 2, "dim", 0)), len(shape))
+    bounds = [v.arg(node, 3, "start"), v.arg(node, 4, "end"), v.arg(node, 5, "step", 1)]
+    if not isinstance(shape[dim], int) or not all(b is None or isinstance(b, int) for b in bounds):
+        return "slice_scatter needs a static size and constant bounds along its dim"
+    return v.NUMERIC(node, spec)
+
+
+@converter(aten.slice_scatter.default, validator=_slice_scatter_ok)
+def slice_scatter(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`x` with `src` written into the slice start:end:step along `dim` (`x[:, 1:] = src`): a scatter
+    whose index is that slice's positions."""
+    x, src = args[0], args[1]
+    dim = norm_dim(int(v.arg(node, 2, "dim", 0)), len(x.shape))
+    size = int(node.args[0].meta["val"].shape[dim])  # type: ignore[union-attr]
+    start, end, step = slice(v.arg(node, 3, "start"), v.arg(node, 4, "end"), int(v.arg(node, 5, "step", 1))).indices(size)
+    positions = torch.arange(start, end, step, dtype=torch.int64)
+    shape = [1] * len(x.shape)
+    shape[dim] = len(positions)
+    index = broadcast(ctx, ctx.constant(positions.reshape(shape), torch.int64), ctx.dims(src))
+    dtype = ctx.node_dtype(node)
+    layer = ctx.network.add_scatter(ctx.cast(x, dtype), index, ctx.cast(src, dtype), trt().ScatterMode.ELEMENT)
     layer.axis = dim
     return layer.get_output(0)
 

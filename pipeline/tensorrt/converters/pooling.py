@@ -1,35 +1,48 @@
-"""Converters for max/avg pooling and adaptive average pooling (2-D)."""
+"""Converters for max/avg pooling and adaptive average pooling, 2-D (images) and 3-D (video)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import axes_mask
-from pipeline.tensorrt.converters.registry import converter
+from pipeline.tensorrt.converters._layers import axes_mask, separable_linear
+from pipeline.tensorrt.converters.registry import aten_op, converter
 from pipeline.tensorrt.trt_api import trt
 
 aten = torch.ops.aten
 Node = torch.fx.Node
+# Spatial dims of each op's window (the dims that follow batch and channels).
+_SPATIAL = {
+    aten.max_pool2d.default: 2, aten.max_pool2d_with_indices.default: 2, aten.avg_pool2d.default: 2,
+    aten.adaptive_avg_pool2d.default: 2, aten._adaptive_avg_pool2d.default: 2,
+    aten.max_pool3d.default: 3, aten.max_pool3d_with_indices.default: 3, aten.avg_pool3d.default: 3,
+    aten.adaptive_avg_pool3d.default: 3, aten._adaptive_avg_pool3d.default: 3,
+}
 
 
-def _pair(values: Any, default: Any = None) -> tuple[int, int]:
+def _spatial(node: Node) -> int:
+    return _SPATIAL[aten_op(node.target)]
+
+
+def _sizes(values: Any, n: int, default: Any = None) -> tuple[int, ...]:
+    """`n` window sizes from torch's argument: one value for every dim, or one per dim."""
     values = list(values) if values else list(default)
-    return (int(values[0]), int(values[-1]))
+    return tuple(int(values[i] if len(values) == n else values[0]) for i in range(n))
 
 
-def _static_spatial(node: Node) -> bool:
-    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
-    return all(isinstance(d, int) for d in shape[-2:])
+def _in_shape(node: Node) -> Any:
+    return node.args[0].meta["val"].shape  # type: ignore[union-attr]
 
 
-def _pool(ctx: ConversionContext, x: Any, kind: Any, kernel: Any, stride: Any, padding: Any, ceil: bool) -> Any:
-    layer = ctx.network.add_pooling_nd(x, kind, _pair(kernel))
-    layer.stride_nd = _pair(stride, kernel)
-    layer.padding_nd = _pair(padding, (0,))
+def _pool(ctx: ConversionContext, node: Node, x: Any, kind: Any, kernel: Any, stride: Any, padding: Any, ceil: bool) -> Any:
+    n = _spatial(node)
+    layer = ctx.network.add_pooling_nd(x, kind, _sizes(kernel, n))
+    layer.stride_nd = _sizes(stride, n, kernel)
+    layer.padding_nd = _sizes(padding, n, (0,))
     if ceil:
         layer.padding_mode = trt().PaddingMode.EXPLICIT_ROUND_UP
     return layer
@@ -39,62 +52,81 @@ def _indices_unused(node: Node) -> bool:
     return all(u.target.__name__ == "getitem" and u.args[1] == 0 for u in node.users)  # type: ignore[union-attr]
 
 
+def _rank_ok(node: Node, spec: Any) -> str | None:
+    n = _spatial(node)
+    return v.rank_between(n + 1, n + 2)(node, spec)
+
+
 _MAX_OK = v.all_of(
     v.FLOAT_ONLY,
-    v.rank_between(3, 4),
+    _rank_ok,
     v.predicate(lambda n: all(d == 1 for d in v.arg(n, 4, "dilation", [1])), "max pooling with dilation != 1"),
     v.predicate(lambda n: "with_indices" not in str(n.target) or _indices_unused(n), "max pooling indices are used"),
 )
 
 
-@converter(aten.max_pool2d.default, aten.max_pool2d_with_indices.default, validator=_MAX_OK)
-def max_pool2d(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+@converter(aten.max_pool2d.default, aten.max_pool2d_with_indices.default, aten.max_pool3d.default,
+           aten.max_pool3d_with_indices.default, validator=_MAX_OK)
+def max_pool(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     kernel = args[1]
     stride = v.arg(node, 2, "stride", None) or kernel
     padding = v.arg(node, 3, "padding", [0])
     ceil = bool(v.arg(node, 5, "ceil_mode", False))
-    out = _pool(ctx, args[0], trt().PoolingType.MAX, kernel, stride, padding, ceil).get_output(0)
+    out = _pool(ctx, node, args[0], trt().PoolingType.MAX, kernel, stride, padding, ceil).get_output(0)
     return (out, None) if "with_indices" in str(node.target) else out
 
 
 _AVG_OK = v.all_of(
     v.FLOAT_ONLY,
-    v.rank_between(3, 4),
+    _rank_ok,
     v.predicate(lambda n: v.arg(n, 6, "divisor_override") is None, "avg pooling with divisor_override"),
 )
 
 
-@converter(aten.avg_pool2d.default, validator=_AVG_OK)
-def avg_pool2d(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+@converter(aten.avg_pool2d.default, aten.avg_pool3d.default, validator=_AVG_OK)
+def avg_pool(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     kernel = args[1]
     stride = v.arg(node, 2, "stride", None) or kernel
-    layer = _pool(ctx, args[0], trt().PoolingType.AVERAGE, kernel, stride, v.arg(node, 3, "padding", [0]),
+    layer = _pool(ctx, node, args[0], trt().PoolingType.AVERAGE, kernel, stride, v.arg(node, 3, "padding", [0]),
                   bool(v.arg(node, 4, "ceil_mode", False)))
     layer.average_count_excludes_padding = not bool(v.arg(node, 5, "count_include_pad", True))
     return layer.get_output(0)
 
 
 def _adaptive_ok(node: Node, spec: Any) -> str | None:
-    if _pair(node.args[1]) == (1, 1):  # global pooling: a reduction, for any spatial size
+    n = _spatial(node)
+    if _sizes(node.args[1], n) == (1,) * n:  # global pooling: a reduction, for any spatial size
         return v.FLOAT_ONLY(node, spec)
-    if not _static_spatial(node):
-        return "adaptive pooling needs static spatial dims"
-    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
-    out = _pair(node.args[1])
-    if any(s % o for s, o in zip(shape[-2:], out)):
-        return f"adaptive pooling from {tuple(shape[-2:])} to {out} needs sizes that divide evenly"
+    if not all(isinstance(d, int) for d in _in_shape(node)[-n:]):
+        return "adaptive pooling to more than one value per channel needs static spatial dims"
     return v.FLOAT_ONLY(node, spec)
 
 
-@converter(aten.adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d.default, validator=_adaptive_ok)
-def adaptive_avg_pool2d(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    out = _pair(args[1])
-    if out == (1, 1):
-        # Global pooling as a mean over H and W: TensorRT-RTX runs it faster than a full-window
-        # pooling layer (MobileNetV3-Small on the H200: 0.229 instead of 0.255 ms per engine run).
-        rank = len(args[0].shape)
-        return ctx.network.add_reduce(args[0], trt().ReduceOperation.AVG, axes_mask((rank - 2, rank - 1), rank),
+def box_average(size: int, out: int) -> torch.Tensor:
+    """The [out, size] matrix of adaptive average pooling along one dim: row o averages torch's
+    window floor(o*size/out) .. ceil((o+1)*size/out)."""
+    matrix = torch.zeros(out, size, dtype=torch.float64)
+    for o in range(out):
+        start, end = (o * size) // out, math.ceil((o + 1) * size / out)
+        matrix[o, start:end] = 1.0 / (end - start)
+    return matrix
+
+
+@converter(aten.adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool3d.default,
+           aten._adaptive_avg_pool3d.default, validator=_adaptive_ok)
+def adaptive_avg_pool(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    n = _spatial(node)
+    out = _sizes(args[1], n)
+    rank = len(args[0].shape)
+    if out == (1,) * n:
+        # Global pooling as a mean over the spatial dims: TensorRT-RTX runs it faster than a
+        # full-window pooling layer (MobileNetV3-Small on the H200: 0.229 instead of 0.255 ms per engine run).
+        return ctx.network.add_reduce(args[0], trt().ReduceOperation.AVG, axes_mask(range(rank - n, rank), rank),
                                       True).get_output(0)
-    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
-    kernel = tuple(int(s) // o for s, o in zip(shape[-2:], out))
-    return _pool(ctx, args[0], trt().PoolingType.AVERAGE, kernel, kernel, (0,), False).get_output(0)
+    sizes = [int(s) for s in _in_shape(node)[-n:]]
+    if all(s % o == 0 for s, o in zip(sizes, out)):  # equal windows: one pooling layer
+        kernel = tuple(s // o for s, o in zip(sizes, out))
+        return _pool(ctx, node, args[0], trt().PoolingType.AVERAGE, kernel, kernel, (0,), False).get_output(0)
+    # Windows of unequal sizes (7 -> 3: 0..3, 2..5, 4..7): an average over boxes is separable, one
+    # matrix product per dim.
+    return separable_linear(ctx, args[0], [box_average(s, o) for s, o in zip(sizes, out)])

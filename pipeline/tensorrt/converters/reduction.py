@@ -1,5 +1,5 @@
 """Converters for reductions (mean, sum, prod, amax/amin, max/min with indices, argmax/argmin,
-var, any, vector norms), top-k, and cumulative sums."""
+var, any, vector norms), top-k and sort, and cumulative sums."""
 
 from __future__ import annotations
 
@@ -153,6 +153,28 @@ def topk(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict
     x = ctx.cast(args[0], ctx.node_dtype(node))
     dim = norm_dim(int(v.arg(node, 2, "dim", -1)), len(x.shape))
     return _topk_layer(ctx, x, int(args[1]), dim, bool(v.arg(node, 3, "largest", True)))
+
+
+def _sort_ok(node: Node, spec: Any) -> str | None:
+    shape = node.args[0].meta["val"].shape  # type: ignore[union-attr]
+    dim = norm_dim(int(v.arg(node, 1, "dim", -1)), max(len(shape), 1))
+    if shape and not isinstance(shape[dim], int):
+        return "sort needs a static size along its dim"
+    if shape and shape[dim] > 3840:
+        return f"sort along a dim of {shape[dim]} elements: TensorRT's top-k takes at most 3840"
+    if node.kwargs.get("stable"):
+        return "a stable sort: TensorRT's top-k does not promise the order of equal values"
+    return None
+
+
+@converter(aten.sort.default, aten.sort.stable, validator=v.all_of(v.tensor_dtypes(v.NUMERIC_DTYPES), _sort_ok))
+def sort(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Values and int64 indices in order along `dim`: a top-k of every element."""
+    x = ctx.cast(args[0], ctx.node_dtype(node))
+    if not x.shape:
+        return x, ctx.constant(torch.tensor(0), torch.int64)
+    dim = norm_dim(int(v.arg(node, 1, "dim", -1)), len(x.shape))
+    return _topk_layer(ctx, x, int(x.shape[dim]), dim, bool(v.arg(node, 2, "descending", False)))
 
 
 def _reduced_count(node: Node) -> int | None:

@@ -1,4 +1,4 @@
-"""index_select, gather, advanced indexing, index_put, constant padding and repeat converters; fp16
+"""index_select, gather, scatter, advanced indexing, index_put, constant padding and repeat converters; fp16
 and a dynamic batch dim where the op allows."""
 
 import pytest
@@ -11,7 +11,8 @@ from tests.helpers import Fn, check_converter, refusal
 torch.manual_seed(0)
 X = torch.randn(2, 5, 6)
 LONG = torch.int64
-
+# Distinct positions along the last dim (a scatter writing one place twice has no defined result).
+SCATTER_INDEX = torch.stack([torch.randperm(6)[:3] for _ in range(10)]).view(2, 5, 3)
 
 
 def _write(cache: torch.Tensor, kv: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -35,6 +36,12 @@ CASES = {
     "index_put_scalar_value": (lambda m, x, i: torch.index_put(x, [i], torch.tensor(0.5)), {}, (torch.tensor([1, -1]),)),
     "index_copy": (lambda m, x, i, src: x.index_copy(2, i, src), {}, (torch.tensor([5, 0]), torch.randn(2, 5, 2))),
     "copy_broadcast": (lambda m, x, src: torch.ops.aten.copy(x, src) + x, {}, (torch.randn(1, 6),)),
+    "scatter": (lambda m, x, i, src: torch.scatter(x, 2, i, src), {}, (SCATTER_INDEX, torch.randn(2, 5, 3))),
+    "scatter_larger_src": (lambda m, x, i, src: torch.scatter(x, 2, i, src), {}, (SCATTER_INDEX, torch.randn(2, 6, 4))),
+    "scatter_value": (lambda m, x, i: torch.scatter(x, 2, i, 0.5) * 3, {}, (SCATTER_INDEX,)),
+    "slice_scatter": (lambda m, x, src: torch.slice_scatter(x, src, 1, 1, 4) * 2, {}, (torch.randn(2, 3, 6),)),
+    "slice_scatter_step": (lambda m, x, src: torch.slice_scatter(x, src, 2, 0, None, 2), {}, (torch.randn(2, 5, 3),)),
+    "slice_scatter_negative": (lambda m, x, src: torch.slice_scatter(x, src, -1, -2), {}, (torch.randn(2, 5, 2),)),
     "pad": (lambda m, x: F.pad(x, (1, 2, 0, 3), value=0.5), {}, ()),
     "pad_crop": (lambda m, x: F.pad(x, (-1, 2)), {}, ()),
     "repeat": (lambda m, x: x.repeat(2, 1, 3), {}, ()),
@@ -55,12 +62,14 @@ def test_builds_engine(name: str) -> None:
     check_converter(_module(name), (X, *CASES[name][2]))
 
 
-@pytest.mark.parametrize("name", ["index_select_input", "gather", "index_two_dims", "index_put_cache", "pad", "repeat"])
+@pytest.mark.parametrize("name", ["index_select_input", "gather", "scatter", "index_two_dims", "index_put_cache", "pad",
+                                  "repeat"])
 def test_fp16(name: str) -> None:
     check_converter(_module(name), (X, *CASES[name][2]), precision="fp16")
 
 
-@pytest.mark.parametrize("name", ["index_select_constant", "index_one_dim", "index_put_scalar_value", "copy_broadcast", "pad", "repeat"])
+@pytest.mark.parametrize("name", ["index_select_constant", "index_one_dim", "index_put_scalar_value", "copy_broadcast", "pad", "repeat",
+                                  "slice_scatter"])
 def test_dynamic_batch(name: str) -> None:
     batch = Dim("batch", min=2, max=16)
     extra = CASES[name][2]

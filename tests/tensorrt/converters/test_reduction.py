@@ -1,4 +1,4 @@
-"""Reduction converters: mean, sum, amax, amin."""
+"""Reduction converters: mean, sum, amax, amin, top-k and sort."""
 
 import pytest
 import torch
@@ -32,6 +32,9 @@ CASES = {
     "normalize": lambda m, x: torch.nn.functional.normalize(x, dim=-1),
     "norm_inf_p3": lambda m, x: torch.linalg.vector_norm(x, float("inf"), dim=-1) + torch.linalg.vector_norm(x, 3, dim=-1),
     "cumsum_last": lambda m, x: torch.cumsum(x, -1) - x,
+    "sort": lambda m, x: x.sort(-1).values,
+    "sort_descending_indices": lambda m, x: x.sort(1, descending=True).indices,
+    "argsort": lambda m, x: x.argsort(-1, descending=True),
 }
 
 
@@ -55,3 +58,14 @@ def test_cumsum_integer_fp16_and_dynamic() -> None:
     check_converter(Fn(lambda m, x: x.cumsum(1)), (X,), precision="fp16")
     batch = torch.export.Dim("batch", min=2, max=16)
     check_converter(Fn(lambda m, x: x.cumsum(1)), (X,), dynamic_shapes=(({0: batch},),))
+
+
+def test_sort_takes_a_dynamic_batch_and_fp16() -> None:
+    batch = torch.export.Dim("batch", min=2, max=16)
+    check_converter(Fn(lambda m, x: x.sort(-1).values * 2), (X,), dynamic_shapes=(({0: batch},),))
+    check_converter(Fn(lambda m, x: x.sort(2).values), (X,), precision="fp16")
+
+
+def test_refuses_stable_sort() -> None:
+    reasons = refusal(Fn(lambda m, x: x.sort(stable=True, dim=-1).indices), (X,))
+    assert any("does not promise the order of equal values" in r for r in reasons.values()), reasons
