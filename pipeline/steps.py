@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline import pte, toolchain
+from pipeline import pte, runtime_kernels, toolchain
 from pipeline.compile import compile_program, export_method, written_state
 from pipeline.config import objects
 from pipeline.errors import ConfigError, ExportError
@@ -141,9 +141,24 @@ def run_serialize(cfg: Mapping[str, Any], in_dir: str | Path, program_dir: str |
         written = write_program(manager, tmp / f"{name}.pte", external_data=bool(cfg["serialize"].get("external_data")),
                                 etrecord=bool(cfg["serialize"].get("etrecord")))
         record = manifest(cfg, written, load_constants(in_dir) or {})
+        check_kernels(cfg, record["runtime_kernels"])
     files = {kind: Path(program_dir) / path.name for kind, path in written.items()}
     write_json(manifest_path, record)
     return files
+
+
+def check_kernels(cfg: Mapping[str, Any], found: Mapping[str, Any]) -> None:
+    """Warn when the program calls kernels ExecuTorch's runtime library lacks (`runtime_kernels`).
+
+    Raises:
+        ExportError: it does, or that could not be checked, under `serialize.runtime_kernels=error`.
+    """
+    line = runtime_kernels.summary(found)
+    if line is None:
+        return
+    if cfg["serialize"].get("runtime_kernels") == "error":
+        raise ExportError(f"{line} (serialize.runtime_kernels=error; =warn writes the program anyway)")
+    log.warning("%s", line)
 
 
 def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path], constants: Mapping[str, Any]) -> dict[str, Any]:
@@ -158,6 +173,7 @@ def manifest(cfg: Mapping[str, Any], files: Mapping[str, Path], constants: Mappi
         "weights": json.loads(constants[objects.WEIGHTS]) if objects.WEIGHTS in constants else None,
         "files": {kind: {"name": p.name, "sha256": _sha256(p), "bytes": p.stat().st_size} for kind, p in files.items()},
         "named_data": pte.named_entries(program),
+        "runtime_kernels": runtime_kernels.report(program.program),
         "config": dict(cfg),
         "toolchain": toolchain.record(cfg["compile"].get("target_compute_capabilities") or ()),
     }

@@ -110,6 +110,9 @@ class SerializeConfig:
     external_data: bool = False
     etrecord: bool = False
     output_name: str | None = None  # default: the model name
+    # A program calling kernels ExecuTorch's runtime library lacks (pipeline/runtime_kernels.py):
+    # "warn" writes it and says so, "error" refuses it.
+    runtime_kernels: str = "warn"
 
 
 EXECUTORS = ("pipeline", "executorch")  # the runtimes `runtime.executor` names (pipeline/runtime/executors.py)

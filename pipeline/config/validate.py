@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from pipeline import runtime_kernels
 from pipeline.config.schema import EXECUTORS, KERNELS
 from pipeline.config.targets import check_prefix, locate
 from pipeline.errors import CompileSpecError, ConfigError
@@ -108,6 +109,9 @@ def _check_numbers(cfg: DictConfig) -> None:
     kernels = cfg.get("runtime", {}).get("kernels", "lazy")
     if kernels not in KERNELS:
         raise ConfigError(f"runtime.kernels = {kernels!r} is not a kernel specialization strategy; use one of {list(KERNELS)}")
+    missing = cfg.get("serialize", {}).get("runtime_kernels", "warn")
+    if missing not in runtime_kernels.CHOICES:
+        raise ConfigError(f"serialize.runtime_kernels = {missing!r} is not one of {list(runtime_kernels.CHOICES)}")
     bound = cfg.get("runtime", {}).get("max_rel_error", 0.02)
     if not _positive(bound):
         raise ConfigError(f"runtime.max_rel_error = {bound!r} must be a positive, finite relative error (e.g. 0.02)")
