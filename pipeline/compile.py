@@ -4,9 +4,14 @@ subgraph, and return an engine-bearing `ExportedProgram` in which each engine is
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import operator
-from collections.abc import Collection, Iterable, Sequence
+import os
+import re
+import traceback
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import sympy
@@ -65,7 +70,8 @@ def export_method(module: torch.nn.Module, example_inputs: Sequence[Any], dynami
     for op in preserved_ops(table):
         table.pop(op)
     try:
-        program = torch.export.export(module.eval(), tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+        with _quiet_torch():
+            program = torch.export.export(module.eval(), tuple(example_inputs), dynamic_shapes=dynamic_shapes)
     except PipelineError:
         raise
     except Exception as exc:  # torch.export, and the model's own code, fail in every way there is
@@ -77,12 +83,43 @@ def export_method(module: torch.nn.Module, example_inputs: Sequence[Any], dynami
     return program.run_decompositions(table)
 
 
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """torch.export prints the partial graph of a model it cannot trace (thousands of lines) and
+    logs its own errors; the one line `ExportError` says is what the user sees. `PIPELINE_DEBUG=1`
+    keeps torch's output."""
+    if os.environ.get("PIPELINE_DEBUG"):
+        yield
+        return
+    logging.disable(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def _export_reason(exc: Exception) -> str:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    where = _where(exc)
     if "data-dependent" in str(exc) or "GuardOnDataDependent" in type(exc).__name__:
-        return (f"{type(exc).__name__}: {first[:200]}; the model branches on tensor values, which a program cannot: "
-                "use torch.cond or compute both branches with torch.where")
-    return f"{type(exc).__name__}: {first[:300]}; check the model and model.methods.<method>.inputs (dtypes, shapes)"
+        return (f"{type(exc).__name__}: {first[:200]}{where}; the model branches on tensor values there, which a "
+                "program cannot: use torch.cond or torch.where there, or build the program from the part before it "
+                "(a detector's backbone and heads) and run the rest in Python")
+    return (f"{type(exc).__name__}: {first[:300]}{where}; check the model and model.methods.<method>.inputs "
+            "(dtypes, shapes)")
+
+
+def _where(exc: Exception) -> str:
+    """` at FILE:LINE in FUNCTION`: the model's code that failed (torch names it for a guard on
+    data; else the innermost frame outside torch), or "" when neither says."""
+    torch_dir = os.path.dirname(torch.__file__)
+    caused = re.search(r"Caused by: \(([^):]+)(:[^)]+)\)", str(exc))
+    if caused and not os.path.exists(os.path.join(torch_dir, caused.group(1))):  # torch's own frame says nothing
+        return f" at {caused.group(1)}{caused.group(2)}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(torch_dir)]
+    inner = frames[-1] if len(frames) > 1 else None  # the first is export_method itself
+    return f" at {inner.filename}:{inner.lineno} in {inner.name}" if inner is not None else ""
 
 
 def written_state(programs: Iterable[ExportedProgram]) -> frozenset[str]:

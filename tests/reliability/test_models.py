@@ -54,8 +54,10 @@ class ReturnsInt(torch.nn.Module):
 
 
 @pytest.mark.parametrize("model, message", [
-    (Raises(), r"cannot trace the model with its example inputs \(ValueError: boom; check the model"),
-    (Branches(), "the model branches on tensor values, which a program cannot: use torch.cond"),
+    (Raises(), r"cannot trace the model with its example inputs \(ValueError: boom at .*test_models.py:\d+ in forward; "
+               "check the model"),
+    (Branches(), r"at .*test_models.py:\d+ in forward; the model branches on tensor values there, which a program "
+                 "cannot: use torch.cond"),
     (ReturnsNone(), "the model's method returns None, no tensor"),
     (ReturnsInt(), "the model's method returns int, no tensor"),
 ])
@@ -84,6 +86,19 @@ def test_an_input_eager_pytorch_refuses_is_named_by_the_app(tmp_path: Path) -> N
     assert "validate: eager PyTorch cannot run method 'forward' on its example inputs (RuntimeError: mat1 and mat2" \
         in lines[0]
     assert not (tmp_path / "run" / "program").exists()  # outputs appear complete or not at all
+
+
+def test_a_detector_is_one_line_naming_where_it_branches(tmp_path: Path) -> None:
+    """A torchvision detector (its NMS keeps as many boxes as the scores allow): torch.export prints
+    the partial graph, thousands of lines, where the app says one naming the function and the fix."""
+    result = subprocess.run([sys.executable, "-m", "pipeline", "model=resnet18", "model.name=detector",
+                             "model._target_=torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn",
+                             "+model.kwargs={weights_backbone:null}", "model.methods.forward.inputs.0.shape=[1,3,320,320]",
+                             f"hydra.run.dir={tmp_path}/run"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[:3000]
+    assert result.stderr.startswith("error: compile: method 'forward' of detector: torch.export cannot trace the model")
+    assert "at torchvision/ops/boxes.py:" in result.stderr and "(a detector's backbone and heads)" in result.stderr
+    assert not (tmp_path / "run" / "program").exists()
 
 
 def test_coverage_refuses_no_jobs() -> None:
