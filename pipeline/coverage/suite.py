@@ -145,7 +145,6 @@ def first_output(out: Any) -> Any:
 
 def _decoder(family: str) -> Entry:
     import transformers
-
     from transformers.utils import logging as hf_logging
 
     config_class = transformers.CONFIG_MAPPING[family]
