@@ -12,6 +12,7 @@ import os
 import re
 import traceback
 from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import sympy
@@ -21,7 +22,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from pipeline.errors import ExportError, PipelineError, UnsupportedOperatorError
 from pipeline.input_values import set_input_values, value_bounds
-from pipeline.tensorrt import blob, engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
+from pipeline.tensorrt import blob, calibration, engine_op, quantize  # noqa: F401  (engine_op registers torch.ops.tensorrt.execute_engine)
 from pipeline.tensorrt.builder import build_engine, profile_count
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.constant_fold import ENGINE_COMPUTES, attr, content_digest, fold_constants, written_buffers
@@ -143,6 +144,8 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
         fuse_attention(gm)
     if spec.attention != "as_written":
         share_kv_heads(gm)  # what the fusion did not take
+    if spec.quantize.mode == "fp8":
+        spec = _calibrated(spec, gm, method, example_inputs)
     engines = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
     _drop_unread(gm, given)
     log.info("method %r: %d TensorRT engine(s)", method, engines)
@@ -150,6 +153,19 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
     compiled = torch.export.export(gm, tuple(flat_args), dynamic_shapes=_flat_dims(program))
     set_input_values(compiled, bounds)
     return compiled
+
+
+def _calibrated(spec: TensorRTCompileSpec, gm: torch.fx.GraphModule, method: str,
+                example_inputs: Sequence[Any]) -> TensorRTCompileSpec:
+    """`spec` with the input magnitudes of fp8 layers from its calibration file (or the example inputs)."""
+    flat = tuple(torch.utils._pytree.tree_leaves(tuple(example_inputs)))
+    if spec.quantize.calibration is None:
+        log.warning("method %r: fp8 input scales come from the example inputs alone; name representative inputs in "
+                    "compile.quantize.calibration (values beyond them saturate)", method)
+    inputs = calibration.samples(spec.quantize.calibration, method, flat)
+    amax = calibration.activation_amax(gm, inputs)
+    log.info("method %r: calibrated %d fp8 layer input(s) on %d sample(s)", method, len(amax), len(inputs))
+    return replace(spec, quantize=spec.quantize.with_activation_amax(amax))
 
 
 def _drop_unread(gm: torch.fx.GraphModule, given: set[str]) -> None:
@@ -229,23 +245,26 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
     sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     constants: dict[str, torch.Tensor | None] = {}
+    names: dict[str, str] = {}  # placeholder -> the model's name of the constant it reads
     runtime_args = []
     for ph, arg in zip(placeholders, call.args):
         assert isinstance(arg, torch.fx.Node)
         ph.meta.setdefault("val", arg.meta.get("val"))
         if arg.op == "get_attr" and str(arg.target) not in state:
             constants[ph.name] = attr(gm, str(arg.target))
+            names[ph.name] = str(arg.target)
         else:
             constants[ph.name] = None
             runtime_args.append(arg)
     _rematerialize_symints(gm, call, sub, dict(zip(placeholders, call.args)))
-    built = build_engine(GraphSource(sub.graph, constants, ranges), spec, label=label, cache=cache)
+    source = GraphSource(sub.graph, constants, ranges, names)
+    built = build_engine(source, spec, label=label, cache=cache)
     inputs = [ph for ph in placeholders if constants[ph.name] is None]
     outputs = _outputs(sub)
     shapes = [[_dim_expr(d, inputs) for d in o.meta["val"].shape] for o in outputs]
     # Only what the build determines: timings would make cached stage outputs differ run to run.
     stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine),
-             "profiles": profile_count(built.metadata, spec)}
+             "profiles": profile_count(built.metadata, spec), "quantized": quantize.plan(source, spec.quantize).summary()}
     metadata = blob.encode_op_metadata(built.metadata, shapes, stats)
     engine = torch.frombuffer(bytearray(built.engine), dtype=torch.uint8)
     name = f"_tensorrt_engine_{content_digest(engine)}"  # by content, as every constant the compile step makes

@@ -1,7 +1,7 @@
 """DVC stage `toolchain`: record what engines depend on besides params (always runs: package
 metadata, and the digests of the files `model.weights` names, read in full; compile reruns only when
-the record changes, so a changed checkpoint rebuilds and a touched one does not). Inside `dvc exp
-run` it first refuses params.yaml that dropped overrides given to `compose`."""
+the record changes, so a changed checkpoint rebuilds and a touched one does not; fp8 calibration files
+likewise). Inside `dvc exp run` it first refuses params.yaml that dropped overrides given to `compose`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from _common import Layout, parser, run
 from pipeline.config.compose import check_experiment, check_params_file, target_config
 from pipeline.config.validate import check_plain_names
 from pipeline.files import write_json
+from pipeline.tensorrt import calibration
 from pipeline.toolchain import WEIGHTS, record
 
 
@@ -32,6 +33,9 @@ def main() -> None:
         from pipeline.models.checkpoint import digests
 
         toolchain[WEIGHTS] = digests(weights)
+    calibration_files = calibration.digests(compile_section)
+    if calibration_files:
+        toolchain["calibration"] = calibration_files
     write_json(out, toolchain)
     if not os.environ.get("DVC_STAGE"):
         print(f"wrote {out}")

@@ -55,6 +55,19 @@ class ModelConfig:
 
 
 @dataclass
+class QuantizeConfig:
+    """Which weights engines store quantized (`TensorRTCompileSpec.quantize`, `QuantizeSpec`): mode
+    none, int4_weight_only, int8_weight_only or fp8; group_size (int4); layers (linear, embedding,
+    convolution); keep (parameter-name patterns left float); calibration (fp8: a file of inputs)."""
+
+    mode: str = "none"
+    group_size: int = 128
+    layers: list[str] = field(default_factory=lambda: ["linear", "embedding"])
+    keep: list[str] = field(default_factory=list)
+    calibration: str | None = None
+
+
+@dataclass
 class CompileConfig:
     """TensorRT compile-spec fields; `per_method` overrides them by method name."""
 
@@ -74,6 +87,7 @@ class CompileConfig:
     # Attention: "fused" (TensorRT's attention layer), "grouped" (products per K/V head: fastest
     # one-token decode, slower long prompts) or "as_written" (the graph's ops); see TensorRTCompileSpec.
     attention: str = "fused"
+    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     per_method: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

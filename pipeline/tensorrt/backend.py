@@ -13,7 +13,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from torch.export import ExportedProgram
 
 from pipeline.errors import BlobFormatError
-from pipeline.tensorrt import blob
+from pipeline.tensorrt import blob, quantize
 from pipeline.tensorrt.builder import build_engine, profile_count
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.engine_op import is_engine_call
@@ -41,7 +41,8 @@ class TensorRTBackend(BackendDetails):
             built = build_engine(edge_program, spec, label=f"engine for method {spec.method or 'forward'!r}")
             engine, meta = built.engine, built.metadata
             info = {"build_seconds": built.build_seconds, "num_layers": built.num_layers,
-                    "profiles": profile_count(meta, spec)}
+                    "profiles": profile_count(meta, spec),
+                    "quantized": quantize.plan(graph_source(edge_program), spec.quantize).summary()}
         ref = blob.EngineRef.of(engine)
         store = NamedDataStore()  # a `.pte` segment, or the `.ptd` (`export.write_program` decides)
         store.add_named_data(ref.key, engine, alignment=blob.ALIGN)

@@ -14,6 +14,14 @@ from pipeline.errors import CompileSpecError
 from pipeline.tensorrt import blob
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+# compile.quantize.mode: how an engine stores the weights of the layers it quantizes (and, for fp8,
+# quantizes those layers' inputs); see QuantizeSpec.
+QUANTIZE_MODES = ("none", "int4_weight_only", "int8_weight_only", "fp8")
+QUANTIZE_LAYERS = ("linear", "embedding", "convolution")
+# Modes whose engines TensorRT-RTX 1.6 builds but which ran wrong on the H200 (docs/gpu-results.md,
+# 2026-12-04): refused until the layouts are fixed.
+_WRONG_ON_GPU = {"int4_weight_only": "llama_tiny: 0.30 relative error, top-1 agreement 0.375",
+                 "fp8": "llama_tiny: NaN; resnet18: inf"}
 ATTENTION_FORMS = ("fused", "grouped", "as_written")  # compile.attention, see TensorRTCompileSpec
 # A dim range is [min, opt, max]; opt may be None to take the example input's size.
 DimRange = tuple[int, int | None, int]
@@ -22,6 +30,87 @@ DimRange = tuple[int, int | None, int]
 # methods must not carry another method's spec).
 METHOD_KEY = "method"
 _OP_NAME = re.compile(r"aten\.[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)?")
+
+
+@dataclass(frozen=True)
+class QuantizeSpec:
+    """How an engine quantizes weights (`pipeline/tensorrt/quantize.py` builds the layers).
+
+    Attributes:
+        mode: "none"; "int4_weight_only" (4-bit weights, one scale per `group_size` weights along the
+            input dim); "int8_weight_only" (8-bit weights, one scale per output channel); "fp8" (fp8
+            E4M3 weights, one scale per output channel, and each quantized layer's input in fp8 with
+            one scale from calibration). Weight-only modes compute in the compile precision.
+        group_size: int4 weights per scale along a layer's input dim (a dim it does not divide stays float).
+        layers: which layers quantize: "linear" (linear and matrix products with a constant weight),
+            "embedding" (its table, as the weight-only modes store it; int8 in fp8 mode), and
+            "convolution" (fp8 only: TensorRT-RTX turns int8 weight-only convolutions back into float).
+        keep: weights kept in float, as glob patterns over the model's parameter names ("lm_head.*").
+        calibration: fp8: a file of example inputs (`pipeline/tensorrt/calibration.py`) whose largest
+            magnitudes at each quantized layer's input set that input's scale; None: the method's
+            example inputs.
+        activation_amax: fp8: parameter name of a layer's weight -> the largest magnitude of that
+            layer's input over the calibration inputs (the compile step fills it in).
+    """
+
+    mode: str = "none"
+    group_size: int = 128
+    layers: tuple[str, ...] = ("linear", "embedding")
+    keep: tuple[str, ...] = ()
+    calibration: str | None = None
+    activation_amax: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "keep", tuple(self.keep))
+        object.__setattr__(self, "activation_amax", {str(k): float(v) for k, v in dict(self.activation_amax).items()})
+        if self.mode not in QUANTIZE_MODES:
+            raise CompileSpecError(f"quantize.mode={self.mode!r} is not a mode; use one of {list(QUANTIZE_MODES)}")
+        if not isinstance(self.group_size, int) or self.group_size < 2 or self.group_size % 2:
+            raise CompileSpecError(f"quantize.group_size={self.group_size!r} must be an even integer >= 2 (e.g. 128)")
+        unknown = [layer for layer in self.layers if layer not in QUANTIZE_LAYERS]
+        if unknown:
+            raise CompileSpecError(f"quantize.layers names {unknown}; layers are {list(QUANTIZE_LAYERS)}")
+        if self.mode in _WRONG_ON_GPU:
+            raise CompileSpecError(f"quantize.mode={self.mode} is refused: its engines computed wrong results on the H200 "
+                                   f"({_WRONG_ON_GPU[self.mode]}); use int8_weight_only")
+        if self.mode == "int4_weight_only" and "convolution" in self.layers:
+            raise CompileSpecError("quantize.mode=int4_weight_only does not take convolutions (TensorRT has no 4-bit "
+                                   "convolution); drop 'convolution' from quantize.layers or use fp8")
+        if self.mode == "int8_weight_only" and "convolution" in self.layers:
+            raise CompileSpecError("quantize.mode=int8_weight_only does not take convolutions (TensorRT-RTX turns int8 "
+                                   "convolution weights back into float when it builds: no saving); use fp8 for them")
+        if any(not isinstance(k, str) or not k for k in self.keep):
+            raise CompileSpecError(f"quantize.keep={list(self.keep)!r} must be parameter-name patterns like 'lm_head.*'")
+
+    @property
+    def active(self) -> bool:
+        """Whether any weight may be quantized."""
+        return self.mode != "none" and bool(self.layers)
+
+    def with_activation_amax(self, amax: Mapping[str, float]) -> QuantizeSpec:
+        """The same options with these calibrated input magnitudes."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return QuantizeSpec(**{**values, "activation_amax": dict(amax)})
+
+    @classmethod
+    def of(cls, value: Any) -> QuantizeSpec:
+        """A QuantizeSpec from itself, a mapping of its fields (a config section), or None (no quantization).
+
+        Raises:
+            CompileSpecError: an unknown field or an invalid value.
+        """
+        if isinstance(value, QuantizeSpec):
+            return value
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise CompileSpecError(f"quantize={value!r} must be a map like {{mode: int4_weight_only}}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise CompileSpecError(f"unknown quantize field(s) {unknown}; expected {sorted(known)}")
+        return cls(**dict(value))
 
 
 @dataclass(frozen=True)
@@ -59,6 +148,7 @@ class TensorRTCompileSpec:
             of some weights for a profile's kernels); at run time
             each call runs on the narrowest profile that takes its shapes (a decoder's one-token
             decode on a `{tokens: [1, 1, 1]}` profile, its prompts on the first).
+        quantize: which weights the engine stores quantized, and how (`QuantizeSpec`).
     """
 
     precision: str = "fp32"
@@ -75,8 +165,10 @@ class TensorRTCompileSpec:
     method: str | None = None
     symbol_ranges: Mapping[str, DimRange] = field(default_factory=dict)
     profiles: tuple[Mapping[str, DimRange], ...] = ()
+    quantize: QuantizeSpec = field(default_factory=QuantizeSpec)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "quantize", QuantizeSpec.of(self.quantize))
         object.__setattr__(self, "target_compute_capabilities", tuple(self.target_compute_capabilities))
         object.__setattr__(self, "torch_executed_ops", tuple(self.torch_executed_ops))
         object.__setattr__(self, "dynamic_shapes", _normalise_ranges(self.dynamic_shapes))
@@ -95,6 +187,7 @@ class TensorRTCompileSpec:
         data["torch_executed_ops"] = list(self.torch_executed_ops)
         data["symbol_ranges"] = {k: list(r) for k, r in self.symbol_ranges.items()}
         data["profiles"] = [{k: list(r) for k, r in p.items()} for p in self.profiles]
+        data["quantize"] = {**data["quantize"], "layers": list(self.quantize.layers), "keep": list(self.quantize.keep)}
         return blob.encode_compile_specs(data)
 
     @classmethod

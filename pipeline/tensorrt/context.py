@@ -57,6 +57,9 @@ class ConversionContext:
         self.folded: set[torch.fx.Node] = set()  # nodes whose effect another node's layer already applies
         self.in_place: dict[torch.fx.Node, str] = {}  # node -> the network input its output updates in place
         self._keep: list[np.ndarray] = []  # TensorRT reads weights at build time, not at add time
+        from pipeline.tensorrt.quantize import QuantizationPlan
+
+        self.quantized = QuantizationPlan()  # the weights and inputs stored quantized (`quantize.plan`)
 
     # ---- dtypes -------------------------------------------------------------------------------
     def compute(self, dtype: torch.dtype) -> torch.dtype:
@@ -86,6 +89,18 @@ class ConversionContext:
         if tensor.ndim == 0:
             out = self.reshape(out, ())
         return self.cast(out, target)
+
+    def raw_constant(self, data: np.ndarray, dtype: Any, shape: tuple[int, ...], count: int) -> Any:
+        """A constant of `count` values of TensorRT type `dtype` (int4 and fp8 too) in `shape`, read
+        from the bytes of `data` as TensorRT lays that type out."""
+        array = np.ascontiguousarray(data)
+        self._keep.append(array)
+        return self.network.add_constant(shape, trt().Weights(dtype, array.ctypes.data, count)).get_output(0)
+
+    def exact_constant(self, tensor: torch.Tensor) -> Any:
+        """A constant holding `tensor` in its own dtype, with no cast layer (a quantization scale)."""
+        t = tensor.detach().cpu().contiguous()
+        return self.raw_constant(t.reshape(-1).view(torch.uint8).numpy(), torch_to_trt(t.dtype), tuple(t.shape), t.numel())
 
     def tensor(self, x: Any, like: Any = None, dtype: torch.dtype | None = None) -> Any:
         """`x` as an ITensor: ITensors pass, Python scalars become constants of `like`'s rank and dtype."""

@@ -5,7 +5,7 @@ optimization-profile ranges of every dynamic input (one profile, or one per `spe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -14,6 +14,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from pipeline.errors import CompileSpecError, UnsupportedOperatorError
+from pipeline.tensorrt import quantize
 from pipeline.tensorrt.blob import IOBinding
 from pipeline.tensorrt.compile_spec import DimRange, TensorRTCompileSpec
 from pipeline.tensorrt.context import FLOATS, ConversionContext, torch_to_trt
@@ -37,16 +38,19 @@ class NetworkDefinition:
 @dataclass(frozen=True)
 class GraphSource:
     """What a network is made from: a graph, the constant value of each constant placeholder (None
-    for runtime inputs), and the value ranges of the graph's symbolic dims."""
+    for runtime inputs), the value ranges of the graph's symbolic dims, and the model's name of each
+    constant placeholder's value (its parameter or buffer name: what `compile.quantize` patterns match)."""
 
     graph: torch.fx.Graph
     constants: dict[str, torch.Tensor | None]
     range_constraints: dict[Any, Any]
+    names: dict[str, str] = field(default_factory=dict)
 
 
 def graph_source(program: ExportedProgram) -> GraphSource:
     """The `GraphSource` of an exported program (parameters, buffers and constants are constants)."""
-    return GraphSource(program.graph, _input_sources(program), dict(program.range_constraints))
+    names = {s.arg.name: s.target for s in program.graph_signature.input_specs if s.target is not None}
+    return GraphSource(program.graph, _input_sources(program), dict(program.range_constraints), names)
 
 
 def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: TensorRTCompileSpec) -> NetworkDefinition:
@@ -70,6 +74,7 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
     # do not read them (torch 2.11's partitions do).
     ctx.constants.update((n, v) for n in source.graph.find_nodes(op="placeholder")
                          if (v := source.constants.get(n.name)) is not None)
+    ctx.quantized = quantize.plan(source, spec.quantize)
     for node in source.graph.nodes:
         first = network.num_layers
         if node.op == "placeholder":
@@ -122,7 +127,7 @@ def _input_sources(program: ExportedProgram) -> dict[str, torch.Tensor | None]:
 def _placeholder(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IOBinding],
                  profiles: list[dict[str, ShapeRange]]) -> Any:
     if node in ctx.constants:
-        return ctx.constant(ctx.constants[node])
+        return quantize.constant_weight(ctx, node, ctx.constants[node])
     val = node.meta["val"]
     if not isinstance(val, torch.Tensor):
         raise UnsupportedOperatorError(f"input {node.name!r} is a {type(val).__name__}; engines take tensors only")
@@ -192,9 +197,9 @@ def _convert(ctx: ConversionContext, node: torch.fx.Node) -> Any:
     reason = refusal_reason(node, ctx.spec)
     if record is None or reason:
         raise UnsupportedOperatorError(f"cannot convert node {node.name} ({node.target}): {reason}")
-    args = torch.fx.node.map_arg(node.args, lambda n: ctx.values[n])
+    args = quantize.quantized_args(ctx, node, tuple(torch.fx.node.map_arg(node.args, lambda n: ctx.values[n])))
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: ctx.values[n])
-    return record.impl(ctx, node, tuple(args), dict(kwargs))
+    return record.impl(ctx, node, args, dict(kwargs))
 
 
 def _mark_outputs(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IOBinding]) -> None:

@@ -47,6 +47,7 @@ def engine_entry(module: LoweredBackendModule) -> dict[str, Any]:
             build_seconds=None if info.get("build_seconds") is None else round(float(info["build_seconds"]), 4),
             num_layers=info.get("num_layers"),
             profiles=info.get("profiles"),  # optimization profiles (0: static shapes)
+            quantized=info.get("quantized"),  # what the engine stores quantized (`quantize.QuantizationPlan.summary`)
             inputs=[{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in meta.inputs],
             outputs=[{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in meta.outputs],
         )
