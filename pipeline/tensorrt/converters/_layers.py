@@ -122,3 +122,13 @@ def separable_linear(ctx: ConversionContext, x: Any, matrices: Sequence[torch.Te
             x = ctx.network.add_matrix_multiply(unsqueeze_to(ctx, matrix, len(x.shape)), mop.NONE, x, mop.NONE)
         x = x.get_output(0)
     return ctx.reshape(x, [*lead, *outs]) if n > 2 else x
+
+
+def wrapped_index(ctx: ConversionContext, index: Any, size: Any) -> Any:
+    """torch's negative indices (count from the end) as non-negative int64 ones."""
+    index = ctx.cast(index, torch.int64)
+    size = ctx.constant(torch.tensor(size), torch.int64) if isinstance(size, int) else size
+    size = ctx.reshape(size, (1,) * len(index.shape)) if len(index.shape) else size
+    negative = elementwise(ctx, ew_ops().LESS, index, ctx.tensor(0, like=index, dtype=torch.int64))
+    shifted = elementwise(ctx, ew_ops().SUM, index, size)
+    return ctx.network.add_select(negative, shifted, index).get_output(0)

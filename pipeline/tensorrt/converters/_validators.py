@@ -11,7 +11,8 @@ import torch
 from pipeline.tensorrt.converters.registry import Validator
 
 FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
-NUMERIC_DTYPES = FLOAT_DTYPES | {torch.int32, torch.int64}
+INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+NUMERIC_DTYPES = FLOAT_DTYPES | INDEX_DTYPES
 
 
 def _val(x: Any) -> Any:

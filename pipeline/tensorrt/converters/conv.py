@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from pipeline.tensorrt import quantize
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
 from pipeline.tensorrt.converters._layers import slice_layer
@@ -69,7 +68,7 @@ def convolution(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwarg
     margins = padding_taken_by(source) if isinstance(source, Node) else None
     folded = batch_norm_folded_into(ctx, node)
     if folded is not None:  # conv + inference batch norm -> one convolution
-        weight, bias = quantize.constant_weight(ctx, node.args[1], folded[0]), ctx.constant(folded[1])  # type: ignore[arg-type]
+        weight, bias = ctx.constant(folded[0]), ctx.constant(folded[1])
     if len(wshape) == 3:  # 1-D: [N, C, L] as [N, C, 1, L]
         dims = ctx.dims(x)
         x = ctx.reshape(x, dims[:2] + [1, dims[2]])

@@ -169,6 +169,18 @@ _unary_converter("NEG", aten.neg.default, floats_only=False)
 _unary_converter("ABS", aten.abs.default, floats_only=False)
 
 
+@converter(aten.round.decimals, validator=v.tensor_dtypes(v.FLOAT_DTYPES))
+def round_decimals(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch's `round(x, decimals=d)`: x times 10^d rounded half to even, divided back (for d < 0, x
+    divided by 10^-d, rounded, multiplied back), as torch computes it."""
+    decimals = int(v.arg(node, 1, "decimals", 0))
+    x = args[0]
+    scale = ctx.tensor(10.0 ** abs(decimals), like=x)
+    if decimals >= 0:
+        return elementwise(ctx, ew_ops().DIV, unary(ctx, elementwise(ctx, ew_ops().PROD, x, scale), unary_ops().ROUND), scale)
+    return elementwise(ctx, ew_ops().PROD, unary(ctx, elementwise(ctx, ew_ops().DIV, x, scale), unary_ops().ROUND), scale)
+
+
 @converter(aten.rsqrt.default, validator=v.tensor_dtypes(v.FLOAT_DTYPES))
 def rsqrt(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return unary(ctx, unary(ctx, args[0], unary_ops().SQRT), unary_ops().RECIP)

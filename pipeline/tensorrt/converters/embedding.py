@@ -18,7 +18,7 @@ def _embedding_ok(node: Node, spec: Any) -> str | None:
     weight, indices = node.args[0].meta["val"], node.args[1].meta["val"]  # type: ignore[union-attr]
     if weight.dtype not in v.FLOAT_DTYPES:
         return f"embedding weight dtype {weight.dtype} is not floating point"
-    if indices.dtype not in (torch.int32, torch.int64):
+    if indices.dtype not in v.INDEX_DTYPES:
         return f"embedding indices dtype {indices.dtype} must be int32 or int64"
     if v.arg(node, 4, "sparse", False):
         return "sparse embedding gradients are not supported"

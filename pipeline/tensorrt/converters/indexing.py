@@ -10,30 +10,28 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import broadcast, elementwise, ew_ops, norm_dim, slice_layer, unsqueeze_to
+from pipeline.tensorrt.converters._layers import (
+    broadcast,
+    elementwise,
+    ew_ops,
+    norm_dim,
+    slice_layer,
+    unsqueeze_to,
+    wrapped_index,
+)
+from pipeline.tensorrt.converters.accumulate import index_put_added, index_put_added_ok
 from pipeline.tensorrt.converters.conv import padding_taken_by
 from pipeline.tensorrt.converters.registry import converter
 from pipeline.tensorrt.trt_api import trt
 
 aten = torch.ops.aten
 Node = torch.fx.Node
-_INDEX_DTYPES = frozenset({torch.int32, torch.int64})
-
-
-def _wrapped(ctx: ConversionContext, index: Any, size: Any) -> Any:
-    """torch's negative indices (count from the end) as non-negative int64 ones."""
-    index = ctx.cast(index, torch.int64)
-    size = ctx.constant(torch.tensor(size), torch.int64) if isinstance(size, int) else size
-    size = ctx.reshape(size, (1,) * len(index.shape)) if len(index.shape) else size
-    negative = elementwise(ctx, ew_ops().LESS, index, ctx.tensor(0, like=index, dtype=torch.int64))
-    shifted = elementwise(ctx, ew_ops().SUM, index, size)
-    return ctx.network.add_select(negative, shifted, index).get_output(0)
 
 
 def _index_dtype(position: int) -> Any:
     def check(node: Node, spec: Any) -> str | None:
         val = node.args[position].meta.get("val") if isinstance(node.args[position], Node) else None
-        if val is not None and val.dtype not in _INDEX_DTYPES:
+        if val is not None and val.dtype not in v.INDEX_DTYPES:
             return f"index dtype {str(val.dtype).removeprefix('torch.')} is not int32/int64"
         return None
 
@@ -43,7 +41,7 @@ def _index_dtype(position: int) -> Any:
 @converter(aten.index_select.default, validator=_index_dtype(2))
 def index_select(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, dim, index = args[0], norm_dim(int(args[1]), len(args[0].shape)), args[2]
-    index = _wrapped(ctx, index, ctx.dims(x)[dim])
+    index = wrapped_index(ctx, index, ctx.dims(x)[dim])
     return ctx.network.add_gather(x, index, dim).get_output(0)
 
 
@@ -51,14 +49,14 @@ def index_select(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwar
     lambda n: not v.arg(n, 3, "sparse_grad", False), "sparse_grad gather is not supported")))
 def gather(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, dim, index = args[0], norm_dim(int(args[1]), len(args[0].shape)), args[2]
-    layer = ctx.network.add_gather_v2(x, _wrapped(ctx, index, ctx.dims(x)[dim]), trt().GatherMode.ELEMENT)
+    layer = ctx.network.add_gather_v2(x, wrapped_index(ctx, index, ctx.dims(x)[dim]), trt().GatherMode.ELEMENT)
     layer.axis = dim
     return layer.get_output(0)
 
 
 def _scatter_ok(node: Node, spec: Any) -> str | None:
     index = node.args[2].meta["val"]  # type: ignore[union-attr]
-    if index.dtype not in _INDEX_DTYPES:
+    if index.dtype not in v.INDEX_DTYPES:
         return f"index dtype {str(index.dtype).removeprefix('torch.')} is not int32/int64"
     src = node.args[3].meta.get("val") if isinstance(node.args[3], Node) else None
     if src is not None and tuple(src.shape) != tuple(index.shape) and not all(isinstance(d, int) for d in src.shape):
@@ -116,7 +114,7 @@ def _index_ok(node: Node, spec: Any) -> str | None:
     vals = [indices[i].meta.get("val") for i in used]
     if any(val.dtype in (torch.bool, torch.uint8) for val in vals):
         return "boolean-mask indexing has a data-dependent output shape"
-    if any(val.dtype not in _INDEX_DTYPES for val in vals):
+    if any(val.dtype not in v.INDEX_DTYPES for val in vals):
         return "index tensors must be int32/int64"
     if used != list(range(used[0], used[-1] + 1)):
         return "index tensors separated by ':' move their dims to the front (not supported)"
@@ -135,11 +133,11 @@ def index(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dic
     first, last = used[0], used[-1]
     sizes = ctx.dims(x)
     if len(used) == 1:
-        return ctx.network.add_gather(x, _wrapped(ctx, indices[first], sizes[first]), first).get_output(0)
+        return ctx.network.add_gather(x, wrapped_index(ctx, indices[first], sizes[first]), first).get_output(0)
     rank = max(len(indices[i].shape) for i in used)
     flat = None
     for i in used:
-        idx = _wrapped(ctx, indices[i], sizes[i])
+        idx = wrapped_index(ctx, indices[i], sizes[i])
         if len(idx.shape) < rank:
             idx = ctx.reshape(idx, [1] * (rank - len(idx.shape)) + ctx.dims(idx))
         stride = 1
@@ -155,29 +153,30 @@ def index(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dic
 
 
 def _index_put_ok(node: Node, spec: Any) -> str | None:
-    if v.arg(node, 3, "accumulate", False):
-        return "index_put with accumulate=True (x[idx] += v) is not supported"
     used = [t for t in node.args[1] if t is not None]
     vals = [t.meta.get("val") for t in used]
     if any(val.dtype in (torch.bool, torch.uint8) for val in vals):
         return "boolean-mask index_put is not supported"
-    if len(used) != 1 or vals[0].dtype not in _INDEX_DTYPES or vals[0].dim() != 1:
+    if len(used) != 1 or vals[0].dtype not in v.INDEX_DTYPES or vals[0].dim() != 1:
         return "index_put needs one 1-D int32/int64 index tensor (x[..., idx, ...] = v)"
-    return None
+    return index_put_added_ok(node) if v.arg(node, 3, "accumulate", False) else None
 
 
 @converter(aten.index_put.default, validator=_index_put_ok)
 def index_put(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """`x[..., idx, ...] = values` with one 1-D index tensor at dim d. A KV cache written at a run of
     positions, where the cache is an engine input nothing else reads and the result an engine output,
-    is updated in place (`_cache_update`). Otherwise: an element-wise scatter along d into a new
+    is updated in place (`_cache_update`). With `accumulate` (`x[idx] += v`, index_add) the values add
+    up (`accumulate.index_put_added`). Otherwise: an element-wise scatter along d into a new
     tensor; repeated indices leave which value lands unspecified, as in torch."""
     x, indices, values = args[0], list(args[1]), args[2]
     d = next(i for i, t in enumerate(indices) if t is not None)
     rank, sizes = len(x.shape), ctx.dims(x)
-    idx = _wrapped(ctx, indices[d], sizes[d])
+    idx = wrapped_index(ctx, indices[d], sizes[d])
     target = sizes[:d] + [ctx.dims(idx)[0]] + sizes[d + 1:]  # the shape of x[..., idx, ...]
     values = broadcast(ctx, unsqueeze_to(ctx, ctx.tensor(values, like=x, dtype=ctx.node_dtype(node)), rank), target)
+    if v.arg(node, 3, "accumulate", False):
+        return index_put_added(ctx, x, idx, values, d, ctx.node_dtype(node))
     start = _run_start(ctx, node, d)
     if start is not None and _updates_in_place(ctx, node, x, values, d):
         return _cache_update(ctx, node, x, values, start)
@@ -213,7 +212,7 @@ def _arange_start(ctx: ConversionContext, node: Node) -> int | None:
         step = node.args[2] if len(node.args) > 2 else node.kwargs.get("step", 1)
         return node.args[0] if step == 1 else None
     value = ctx.constants.get(node)
-    if value is None or value.dim() != 1 or not value.numel() or value.dtype not in _INDEX_DTYPES:
+    if value is None or value.dim() != 1 or not value.numel() or value.dtype not in v.INDEX_DTYPES:
         return None
     first = int(value[0])
     return first if torch.equal(value, torch.arange(first, first + value.numel(), dtype=value.dtype)) else None
@@ -221,7 +220,7 @@ def _arange_start(ctx: ConversionContext, node: Node) -> int | None:
 
 def _one_element(x: Any) -> bool:
     val = x.meta.get("val") if isinstance(x, Node) else None
-    return isinstance(val, torch.Tensor) and val.numel() == 1 and val.dtype in _INDEX_DTYPES
+    return isinstance(val, torch.Tensor) and val.numel() == 1 and val.dtype in v.INDEX_DTYPES
 
 
 def _updates_in_place(ctx: ConversionContext, node: Node, x: Any, values: Any, d: int) -> bool:
@@ -244,7 +243,7 @@ def _cache_update(ctx: ConversionContext, node: Node, cache: Any, update: Any, s
     if isinstance(start, int):
         first = ctx.constant(torch.tensor([start % size if start < 0 else start]), torch.int64)
     else:
-        first = ctx.reshape(_wrapped(ctx, ctx.values[start], size), (1,))
+        first = ctx.reshape(wrapped_index(ctx, ctx.values[start], size), (1,))
     count = ctx.dims(update)[2]
     count = ctx.constant(torch.tensor([count]), torch.int64) if isinstance(count, int) else ctx.reshape(count, (1,))
     room = elementwise(ctx, ew_ops().SUB, ctx.constant(torch.tensor([size]), torch.int64), count)

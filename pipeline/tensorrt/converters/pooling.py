@@ -1,4 +1,4 @@
-"""Converters for max/avg pooling and adaptive average pooling, 2-D (images) and 3-D (video)."""
+"""Converters for max/avg pooling and adaptive average and max pooling, 2-D (images) and 3-D (video)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
-from pipeline.tensorrt.converters._layers import axes_mask, separable_linear
+from pipeline.tensorrt.converters._layers import axes_mask, separable_linear, slice_layer
 from pipeline.tensorrt.converters.registry import aten_op, converter
 from pipeline.tensorrt.trt_api import trt
 
@@ -21,7 +21,9 @@ _SPATIAL = {
     aten.adaptive_avg_pool2d.default: 2, aten._adaptive_avg_pool2d.default: 2,
     aten.max_pool3d.default: 3, aten.max_pool3d_with_indices.default: 3, aten.avg_pool3d.default: 3,
     aten.adaptive_avg_pool3d.default: 3, aten._adaptive_avg_pool3d.default: 3,
+    aten.adaptive_max_pool2d.default: 2, aten.adaptive_max_pool3d.default: 3,
 }
+_WINDOWS_LIMIT = 256  # unequal windows along one dim an adaptive max pooling takes (a slice and a reduction each)
 
 
 def _spatial(node: Node) -> int:
@@ -130,3 +132,43 @@ def adaptive_avg_pool(ctx: ConversionContext, node: Node, args: tuple[Any, ...],
     # Windows of unequal sizes (7 -> 3: 0..3, 2..5, 4..7): an average over boxes is separable, one
     # matrix product per dim.
     return separable_linear(ctx, args[0], [box_average(s, o) for s, o in zip(sizes, out)])
+
+
+_ADAPTIVE_MAX_OK = v.all_of(
+    _adaptive_ok,
+    _rank_ok,
+    v.predicate(_indices_unused, "adaptive max pooling indices are used"),
+    v.predicate(lambda n: max(_sizes(n.args[1], _spatial(n))) <= _WINDOWS_LIMIT,
+                f"adaptive max pooling to more than {_WINDOWS_LIMIT} values along a dim"),
+)
+
+
+@converter(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default, validator=_ADAPTIVE_MAX_OK)
+def adaptive_max_pool(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch's windows floor(o*size/out) .. ceil((o+1)*size/out) per dim: one pooling layer where they are
+    equal, else (a maximum over boxes is separable) each dim's windows sliced and reduced in turn."""
+    n, x = _spatial(node), args[0]
+    out, rank = _sizes(args[1], n), len(x.shape)
+    if out == (1,) * n:
+        return ctx.network.add_reduce(x, trt().ReduceOperation.MAX, axes_mask(range(rank - n, rank), rank), True).get_output(0), None
+    sizes = [int(s) for s in _in_shape(node)[-n:]]
+    if all(s % o == 0 for s, o in zip(sizes, out)):
+        kernel = tuple(s // o for s, o in zip(sizes, out))
+        return _pool(ctx, node, x, trt().PoolingType.MAX, kernel, kernel, (0,), False).get_output(0), None
+    for axis, size, count in zip(range(rank - n, rank), sizes, out):
+        if size != count:
+            x = _window_maxima(ctx, x, axis, size, count)
+    return x, None
+
+
+def _window_maxima(ctx: ConversionContext, x: Any, axis: int, size: int, out: int) -> Any:
+    """Along `axis`, the maximum of each of adaptive pooling's `out` windows over `size` values."""
+    dims, rank, parts = ctx.dims(x), len(x.shape), []
+    for o in range(out):
+        start, end = (o * size) // out, math.ceil((o + 1) * size / out)
+        window = slice_layer(ctx, x, [start if d == axis else 0 for d in range(rank)],
+                             [end - start if d == axis else dims[d] for d in range(rank)], [1] * rank)
+        parts.append(ctx.network.add_reduce(window, trt().ReduceOperation.MAX, 1 << axis, True).get_output(0))
+    layer = ctx.network.add_concatenation(parts)
+    layer.axis = axis
+    return layer.get_output(0)

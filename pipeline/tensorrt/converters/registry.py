@@ -103,6 +103,7 @@ def _load_converters() -> None:
         return
     _loaded = True
     from pipeline.tensorrt.converters import (  # noqa: F401
+        accumulate,
         activation,
         attention,
         conv,

@@ -53,6 +53,7 @@ CASES = {
     "erf": (lambda m, a: torch.erf(a), (A,)),
     "sin_cos": (lambda m, a: torch.sin(a) + torch.cos(a), (A,)),
     "floor_ceil_round": (lambda m, a: torch.floor(a * 3) + torch.ceil(a * 2) + torch.round(a * 5), (A,)),
+    "round_decimals": (lambda m, a: torch.round(a * 7, decimals=2) + torch.round(a * 700, decimals=-2), (A,)),
     "logical": (lambda m, a, b: torch.logical_xor(torch.logical_and(a > 0, b > 0), torch.logical_or(a > 1, b < -1)),
                 (A, B)),
     "logical_not": (lambda m, a: torch.logical_not(a > 0), (A,)),

@@ -1,4 +1,4 @@
-"""Pooling converters: max, avg, adaptive avg; 2-D and 3-D."""
+"""Pooling converters: max, avg, adaptive avg and max; 2-D and 3-D."""
 
 import pytest
 import torch
@@ -21,6 +21,9 @@ CASES = {
     "adaptive_3x3": torch.nn.AdaptiveAvgPool2d(3),
     "adaptive_uneven": torch.nn.AdaptiveAvgPool2d(5),  # 12 -> 5: windows of 3 and 4, overlapping
     "adaptive_uneven_rect": torch.nn.AdaptiveAvgPool2d((7, 1)),
+    "adaptive_max_1x1": torch.nn.AdaptiveMaxPool2d(1),
+    "adaptive_max_even": torch.nn.AdaptiveMaxPool2d((4, 6)),
+    "adaptive_max_uneven": torch.nn.AdaptiveMaxPool2d((5, 7)),  # windows of unequal sizes, overlapping
 }
 VIDEO_CASES = {
     "max3d": torch.nn.MaxPool3d(2),
@@ -31,6 +34,7 @@ VIDEO_CASES = {
     "adaptive3d_global": torch.nn.AdaptiveAvgPool3d(1),
     "adaptive3d_even": torch.nn.AdaptiveAvgPool3d((4, 5, 5)),
     "adaptive3d_uneven": torch.nn.AdaptiveAvgPool3d((3, 7, 7)),  # as Swin3D's and S3D's heads take it
+    "adaptive_max3d_uneven": torch.nn.AdaptiveMaxPool3d((3, 4, 7)),
 }
 
 
@@ -53,6 +57,16 @@ def test_video_pooling_takes_a_dynamic_batch() -> None:
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_honours_precision(precision: str) -> None:
     check_converter(torch.nn.Sequential(torch.nn.MaxPool2d(2), torch.nn.AvgPool2d(2)), (X,), precision=precision)
+
+
+def test_uneven_adaptive_max_pool_takes_a_dynamic_batch() -> None:
+    batch = torch.export.Dim("batch", min=1, max=8)
+    check_converter(torch.nn.AdaptiveMaxPool2d((5, 7)), (X,), dynamic_shapes=({0: batch},))
+
+
+def test_refuses_adaptive_max_pool_whose_indices_are_read() -> None:
+    reasons = refusal(torch.nn.AdaptiveMaxPool2d(5, return_indices=True), (X,))
+    assert any("indices are used" in r for r in reasons.values()), reasons
 
 
 def test_refuses_dilated_max_pool() -> None:
