@@ -1,7 +1,9 @@
 """Quantized programs against the float one: per `compile.quantize.mode`, the engine bytes (built on
 any machine) and, on a GPU, each method's error against eager PyTorch in float (the validate step's
 largest error relative to the outputs' range), the agreement of the top-1 entry of the last output dim
-(a decoder's next token) and the median call. Prints markdown; `--out` also writes `quantized.json`.
+(a decoder's next token), the error against eager PyTorch with the weights rounded as the engine stores
+them (what tells a wrong engine from quantization's own error) and the median call. Prints markdown;
+`--out` also writes `quantized.json`.
 
     python bench/quantized.py --set model=llama_tiny compile=fp16 --build build/quantized        # build and measure
     python bench/quantized.py --set model=llama_tiny compile=fp16 --build build/quantized --built # measure what is there
@@ -21,7 +23,8 @@ from pipeline.config import objects
 from pipeline.config.compose import compose
 from pipeline.runtime.program import load
 from pipeline.steps import run_all
-from pipeline.tensorrt.compile_spec import QUANTIZE_MODES
+from pipeline.tensorrt import quantize
+from pipeline.tensorrt.compile_spec import QUANTIZE_MODES, QuantizeSpec
 from pipeline.validate import validate_program
 
 
@@ -41,14 +44,35 @@ def measure(overrides: list[str], mode: str, build: Path, built: bool) -> dict[s
     ptd = next((folder / "program").glob("*.ptd"), None)
     row["methods"] = validate_program(cfg, pte, ptd)["methods"]
     model, program = objects.model(cfg), load(pte, ptd)
+    rounded = _rounded(objects.model(cfg), QuantizeSpec(**cfg["compile"].get("quantize") or {}))
     seed = int(cfg["runtime"]["validation_seed"])
     for name, spec in cfg["model"]["methods"].items():
         inputs = objects.example_inputs(spec, seed)
+        function = spec.get("function", "forward")
         with torch.no_grad():
-            want = torch.utils._pytree.tree_leaves(getattr(model, spec.get("function", "forward"))(*inputs))[0]
-        got = program.method(name).execute(list(inputs))[0].cpu()
+            want = torch.utils._pytree.tree_leaves(getattr(model, function)(*inputs))[0].float()
+            simulated = torch.utils._pytree.tree_leaves(getattr(rounded, function)(*inputs))[0].float()
+        got = program.method(name).execute(list(inputs))[0].cpu().float()
         row["methods"][name]["top1_agreement"] = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+        row["methods"][name]["rel_error_vs_rounded"] = float((got - simulated).abs().max() / simulated.abs().max())
+        row["methods"][name]["rounded_rel_error_vs_float"] = float((simulated - want).abs().max() / want.abs().max())
     return row
+
+
+def _rounded(model: torch.nn.Module, spec: QuantizeSpec) -> torch.nn.Module:
+    """`model` with the weights of its Linear and Embedding layers (those `spec` takes and does not keep)
+    rounded as an engine stores them: the engine's result without its own error."""
+    if not spec.active:
+        return model
+    layers = {torch.nn.Linear: "linear", torch.nn.Embedding: "embedding"}
+    for module_name, module in model.named_modules():
+        layer = layers.get(type(module))
+        if layer not in spec.layers or quantize.kept(f"{module_name}.weight", spec):
+            continue
+        scheme = quantize.scheme(spec, quantize.SLOTS_BY_LAYER[layer], f"{module_name}.weight")
+        with torch.no_grad():
+            module.weight.copy_(quantize.simulated(module.weight, scheme))
+    return model
 
 
 def main() -> None:
@@ -61,12 +85,13 @@ def main() -> None:
     args = parser.parse_args()
     rows = [measure(args.set, mode, args.build, args.built) for mode in args.modes]
     base = rows[0]["engine_bytes"]
-    print("| mode | engine bytes | vs first | method | max rel error | top-1 agreement | median ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | engine bytes | vs first | method | max rel error | top-1 agreement | vs rounded weights | median ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         for name, m in (row.get("methods") or {"-": {}}).items():
             print(f"| {row['mode']} | {row['engine_bytes']:,} | {row['engine_bytes'] / base:.3f}x | {name} | "
-                  f"{m.get('max_rel_error', '-')} | {m.get('top1_agreement', '-')} | {m.get('median_ms', '-')} |")
+                  f"{m.get('max_rel_error', '-')} | {m.get('top1_agreement', '-')} | {m.get('rel_error_vs_rounded', '-')} | "
+                  f"{m.get('median_ms', '-')} |")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "quantized.json").write_text(json.dumps(rows, indent=2))

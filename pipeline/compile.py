@@ -136,6 +136,7 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
     spec = (spec or TensorRTCompileSpec()).for_method(method)
     spec = spec.with_symbol_ranges(symbol_ranges(program, spec))
     gm = program.module()
+    quantize.check_keep(spec.quantize, [n for n, _ in (*gm.named_parameters(), *gm.named_buffers())], method)
     drop_metadata_asserts(gm)
     state = written_buffers(gm) | frozenset(state)  # never constants: what a method reads, another may have written
     given = {name for name, _ in gm.named_buffers()}
@@ -146,6 +147,10 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
         share_kv_heads(gm)  # what the fusion did not take
     if spec.quantize.mode == "fp8":
         spec = _calibrated(spec, gm, method, example_inputs)
+    if spec.quantize.mode == "int8_weight_only":
+        log.warning("method %r: int8 weights make the file small, but TensorRT-RTX dequantizes them in kernels of their "
+                    "own: slower and larger in device memory than fp16 (docs/quantization.md); int4_weight_only is not",
+                    method)
     engines = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
     _drop_unread(gm, given)
     log.info("method %r: %d TensorRT engine(s)", method, engines)

@@ -57,8 +57,8 @@ class ModelConfig:
 @dataclass
 class QuantizeConfig:
     """Which weights engines store quantized (`TensorRTCompileSpec.quantize`, `QuantizeSpec`): mode
-    none, int4_weight_only, int8_weight_only or fp8; group_size (int4); layers (linear, embedding,
-    convolution); keep (parameter-name patterns left float); calibration (fp8: a file of inputs)."""
+    none, int4_weight_only, int8_weight_only or fp8; group_size (int4); layers (linear, embedding);
+    keep (parameter-name patterns left float); calibration (fp8: a file of inputs)."""
 
     mode: str = "none"
     group_size: int = 128

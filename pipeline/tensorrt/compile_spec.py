@@ -17,11 +17,11 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 # compile.quantize.mode: how an engine stores the weights of the layers it quantizes (and, for fp8,
 # quantizes those layers' inputs); see QuantizeSpec.
 QUANTIZE_MODES = ("none", "int4_weight_only", "int8_weight_only", "fp8")
-QUANTIZE_LAYERS = ("linear", "embedding", "convolution")
-# Modes whose engines TensorRT-RTX 1.6 builds but which ran wrong on the H200 (docs/gpu-results.md,
-# 2026-12-04): refused until the layouts are fixed.
-_WRONG_ON_GPU = {"int4_weight_only": "llama_tiny: 0.30 relative error, top-1 agreement 0.375",
-                 "fp8": "llama_tiny: NaN; resnet18: inf"}
+QUANTIZE_LAYERS = ("linear", "embedding")
+# Why no mode quantizes convolutions: TensorRT-RTX 1.6 gains nothing there (docs/gpu-results.md, 2026-12-04).
+_CONVOLUTIONS_STAY_FLOAT = ("convolutions stay float: TensorRT has no 4-bit convolution, TensorRT-RTX turns int8 "
+                            "convolution weights back into float when it builds, and its fp8 convolutions ran 8.2x "
+                            "slower with a 1.7x larger engine on the H200 (mobilenet_v3_small)")
 ATTENTION_FORMS = ("fused", "grouped", "as_written")  # compile.attention, see TensorRTCompileSpec
 # A dim range is [min, opt, max]; opt may be None to take the example input's size.
 DimRange = tuple[int, int | None, int]
@@ -39,13 +39,14 @@ class QuantizeSpec:
     Attributes:
         mode: "none"; "int4_weight_only" (4-bit weights, one scale per `group_size` weights along the
             input dim); "int8_weight_only" (8-bit weights, one scale per output channel); "fp8" (fp8
-            E4M3 weights, one scale per output channel, and each quantized layer's input in fp8 with
+            E4M3 weights, one scale per weight, and each quantized layer's input in fp8 with
             one scale from calibration). Weight-only modes compute in the compile precision.
         group_size: int4 weights per scale along a layer's input dim (a dim it does not divide stays float).
         layers: which layers quantize: "linear" (linear and matrix products with a constant weight),
-            "embedding" (its table, as the weight-only modes store it; int8 in fp8 mode), and
-            "convolution" (fp8 only: TensorRT-RTX turns int8 weight-only convolutions back into float).
-        keep: weights kept in float, as glob patterns over the model's parameter names ("lm_head.*").
+            and "embedding" (its table, as the weight-only modes store it; int8 in fp8 mode).
+            Convolutions stay float in every mode (`_CONVOLUTIONS_STAY_FLOAT`).
+        keep: weights kept in float, as glob patterns over the model's parameter names ("lm_head.*"
+            names "model.lm_head.weight": a pattern matches the whole name or its end from a dot on).
         calibration: fp8: a file of example inputs (`pipeline/tensorrt/calibration.py`) whose largest
             magnitudes at each quantized layer's input set that input's scale; None: the method's
             example inputs.
@@ -68,18 +69,11 @@ class QuantizeSpec:
             raise CompileSpecError(f"quantize.mode={self.mode!r} is not a mode; use one of {list(QUANTIZE_MODES)}")
         if not isinstance(self.group_size, int) or self.group_size < 2 or self.group_size % 2:
             raise CompileSpecError(f"quantize.group_size={self.group_size!r} must be an even integer >= 2 (e.g. 128)")
+        if "convolution" in self.layers:
+            raise CompileSpecError(f"quantize.layers: {_CONVOLUTIONS_STAY_FLOAT}; drop 'convolution'")
         unknown = [layer for layer in self.layers if layer not in QUANTIZE_LAYERS]
         if unknown:
             raise CompileSpecError(f"quantize.layers names {unknown}; layers are {list(QUANTIZE_LAYERS)}")
-        if self.mode in _WRONG_ON_GPU:
-            raise CompileSpecError(f"quantize.mode={self.mode} is refused: its engines computed wrong results on the H200 "
-                                   f"({_WRONG_ON_GPU[self.mode]}); use int8_weight_only")
-        if self.mode == "int4_weight_only" and "convolution" in self.layers:
-            raise CompileSpecError("quantize.mode=int4_weight_only does not take convolutions (TensorRT has no 4-bit "
-                                   "convolution); drop 'convolution' from quantize.layers or use fp8")
-        if self.mode == "int8_weight_only" and "convolution" in self.layers:
-            raise CompileSpecError("quantize.mode=int8_weight_only does not take convolutions (TensorRT-RTX turns int8 "
-                                   "convolution weights back into float when it builds: no saving); use fp8 for them")
         if any(not isinstance(k, str) or not k for k in self.keep):
             raise CompileSpecError(f"quantize.keep={list(self.keep)!r} must be parameter-name patterns like 'lm_head.*'")
 

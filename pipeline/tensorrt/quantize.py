@@ -1,6 +1,6 @@
 """Quantized weights inside engines (`compile.quantize`, `QuantizeSpec`): which constants of a graph are
 the weights of quantizable layers (`plan`), how each is stored (int4 in groups along the input dim, int8
-or fp8 per output channel) and turned back into the compute precision by a TensorRT dequantize layer,
+per output channel, fp8 with one scale) and turned back into the compute precision by a TensorRT dequantize layer,
 which TensorRT fuses into its quantized kernels (`weight_layers`), and fp8 layer inputs, quantized with
 a scale from calibration (`input_layers`). The engine then holds the quantized weights, not float ones."""
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from pipeline.errors import CompileSpecError
 from pipeline.tensorrt.compile_spec import QuantizeSpec
 from pipeline.tensorrt.context import torch_to_trt
 from pipeline.tensorrt.converters.registry import aten_op
@@ -33,7 +34,7 @@ _BITS = {"int4": 4, "int8": 8, "fp8": 8}
 class LayerSlots:
     """Where an op takes its constant weight and its input, and how the weight is laid out."""
 
-    layer: str  # "linear", "embedding" or "convolution" (`QuantizeSpec.layers`)
+    layer: str  # "linear" or "embedding" (`QuantizeSpec.layers`)
     weight: int  # argument index of the weight
     input: int | None  # argument index of the input an fp8 layer quantizes (None: an embedding's indices)
     in_axis: int  # the weight's input dim (int4 groups run along it)
@@ -46,19 +47,20 @@ SLOTS = {
     aten.matmul.default: LayerSlots("linear", 1, 0, 0, 1),
     aten.addmm.default: LayerSlots("linear", 2, 1, 0, 1),
     aten.embedding.default: LayerSlots("embedding", 0, None, 1, 0),  # table [rows, dim]
-    aten.convolution.default: LayerSlots("convolution", 1, 0, 1, 0),  # weight [out, in, *kernel]
 }
+SLOTS_BY_LAYER = {"linear": SLOTS[aten.linear.default], "embedding": SLOTS[aten.embedding.default]}  # as torch.nn holds them
 
 
 @dataclass(frozen=True)
 class WeightScheme:
     """How one constant is stored: `stored` ("int4", "int8", "fp8"), one scale per `group` values along
-    `axis` (group 0: one scale per index of `axis`, i.e. per output channel)."""
+    `axis` (group 0: one scale per index of `axis`, i.e. per output channel; axis None: one scale for the
+    whole weight, which fp8 products need: per-channel fp8 weights gave inf on the H200)."""
 
     name: str  # the model's parameter name
     layer: str
     stored: str
-    axis: int
+    axis: int | None
     group: int
 
 
@@ -107,18 +109,47 @@ def plan(source: GraphSource, spec: QuantizeSpec) -> QuantizationPlan:
             continue
         slots = uses[0]
         assert slots is not None
-        # TensorRT folds an fp8 weight that no fp8 product reads back to float: an fp8 program's tables stay int8.
-        stored = "int8" if spec.mode == "fp8" and slots.layer == "embedding" else _STORED[spec.mode]
-        int4 = stored == "int4"
-        scheme = WeightScheme(name, slots.layer, stored, slots.in_axis if int4 else slots.out_axis,
-                              spec.group_size if int4 else 0)
-        out.weights[node.name] = scheme
+        out.weights[node.name] = weights = scheme(spec, slots, name)
         out.float_bytes += value.numel() * 2
-        scales = value.numel() // scheme.group if int4 else value.shape[scheme.axis]
-        out.stored_bytes += value.numel() * _BITS[stored] // 8 + scales * 2
-        if spec.mode == "fp8" and slots.input is not None and name in spec.activation_amax:
+        scales = value.numel() // weights.group if weights.group else 1 if weights.axis is None else value.shape[weights.axis]
+        out.stored_bytes += value.numel() * _BITS[weights.stored] // 8 + scales * 2
+        if spec.mode == "fp8" and slots.input is not None:
             out.inputs.update((user.name, spec.activation_amax[name]) for user in node.users)
     return out
+
+
+def scheme(spec: QuantizeSpec, slots: LayerSlots, name: str) -> WeightScheme:
+    """How `spec` stores the weight `name` of a layer with `slots`."""
+    # TensorRT folds an fp8 weight that no fp8 product reads back to float: an fp8 program's tables stay int8.
+    stored = "int8" if spec.mode == "fp8" and slots.layer == "embedding" else _STORED[spec.mode]
+    if stored == "int4":
+        return WeightScheme(name, slots.layer, stored, slots.in_axis, spec.group_size)
+    return WeightScheme(name, slots.layer, stored, None if stored == "fp8" else slots.out_axis, 0)
+
+
+def kept(name: str, spec: QuantizeSpec) -> bool:
+    """Whether a `quantize.keep` pattern names parameter `name`."""
+    return any(_names(pattern, name) for pattern in spec.keep)
+
+
+def _names(pattern: str, name: str) -> bool:
+    """Whether `pattern` matches parameter `name` whole or from a dot on: `lm_head.*` names the wrapped
+    model's `model.lm_head.weight` as the model's own code calls it."""
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*.{pattern}")
+
+
+def check_keep(spec: QuantizeSpec, names: list[str], method: str) -> None:
+    """Refuse a `quantize.keep` pattern that names none of a method's parameters `names` (a misspelt
+    pattern would otherwise quantize the layer it meant to keep).
+
+    Raises:
+        CompileSpecError: the first such pattern, with a name the method has.
+    """
+    for pattern in spec.keep if spec.active else ():
+        if not any(_names(pattern, name) for name in names):
+            example = next((n for n in names if n.endswith(".weight")), names[0] if names else "")
+            raise CompileSpecError(f"compile.quantize.keep pattern {pattern!r} names no parameter of method {method!r} "
+                                   f"(its names look like {example!r}); fix the pattern or drop it")
 
 
 def _slots(user: torch.fx.Node, weight: torch.fx.Node) -> LayerSlots | None:
@@ -128,13 +159,11 @@ def _slots(user: torch.fx.Node, weight: torch.fx.Node) -> LayerSlots | None:
         return None
     if sum(a is weight for a in user.args) != 1:
         return None
-    if slots.layer == "convolution" and user.args[6]:  # transposed
-        return None
     return slots
 
 
 def _kept_reason(name: str, value: torch.Tensor, uses: list[LayerSlots | None], spec: QuantizeSpec) -> str | None:
-    if any(fnmatch.fnmatchcase(name, pattern) for pattern in spec.keep):
+    if kept(name, spec):
         return "quantize.keep"
     if any(u is None for u in uses) or len({u for u in uses}) != 1:
         return "read by other ops as well (a tied weight?)"
@@ -143,8 +172,11 @@ def _kept_reason(name: str, value: torch.Tensor, uses: list[LayerSlots | None], 
     if slots.layer not in spec.layers:
         return f"also a {slots.layer} weight, which quantize.layers leaves out"
     rank = value.dim()
-    if (slots.layer != "convolution" and rank != 2) or (slots.layer == "convolution" and rank not in (3, 4, 5)):
+    if rank != 2:
         return f"a weight of rank {rank}"
+    if spec.mode == "fp8" and slots.input is not None and name not in spec.activation_amax:
+        return "fp8 needs its input's calibrated scale (the compile step calibrates; TensorRT turns an fp8 weight " \
+               "whose input stays float back into float)"
     if spec.mode == "int4_weight_only":
         size = value.shape[slots.in_axis]
         if size % spec.group_size:
@@ -163,24 +195,50 @@ def constant_weight(ctx: ConversionContext, node: torch.fx.Node, value: torch.Te
 
 def weight_layers(ctx: ConversionContext, value: torch.Tensor, scheme: WeightScheme) -> Any:
     """A constant of `value` quantized as `scheme` says, dequantized to the compute precision."""
-    w = value.detach().to(torch.float32).cpu()
-    moved = w.movedim(scheme.axis, -1)
-    if scheme.group:  # groups along the axis: scales shaped as the weight with that dim divided
-        groups = moved.reshape(*moved.shape[:-1], moved.shape[-1] // scheme.group, scheme.group)
-        scale = _scale(groups.abs().amax(-1), scheme.stored)
-        quantized = (groups / scale.unsqueeze(-1)).reshape(moved.shape).movedim(-1, scheme.axis)
-        scale = scale.movedim(-1, scheme.axis)
-    else:  # one scale per index of the axis
-        scale = _scale(moved.abs().reshape(-1, moved.shape[-1]).amax(0), scheme.stored)
-        shape = [1] * w.dim()
-        shape[scheme.axis] = -1
-        quantized = w / scale.reshape(shape)
-    stored = ctx.raw_constant(_stored(quantized, scheme.stored), getattr(trt(), scheme.stored), tuple(w.shape), w.numel())
+    divided, scale = _divided(value, scheme)
+    stored = ctx.raw_constant(_stored(divided, scheme.stored), getattr(trt(), scheme.stored), tuple(value.shape), value.numel())
     scales = ctx.exact_constant(scale.to(ctx.compute_dtype))
     layer = ctx.network.add_dequantize(stored, scales, torch_to_trt(ctx.compute_dtype))
-    if not scheme.group:
+    if not scheme.group and scheme.axis is not None:
         layer.axis = scheme.axis
     return layer.get_output(0)
+
+
+def simulated(value: torch.Tensor, scheme: WeightScheme) -> torch.Tensor:
+    """The float weight an engine computes with where it stores `value` as `scheme` says (for checking an
+    engine against its own rounding rather than against the float weights)."""
+    divided, scale = _divided(value, scheme)
+    if scheme.stored == "fp8":
+        rounded = divided.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    else:
+        levels = _LEVELS[scheme.stored]
+        rounded = divided.round().clamp(-levels - 1, levels)
+    if scheme.group:
+        scale = scale.repeat_interleave(scheme.group, dim=scheme.axis)
+    elif scheme.axis is not None:
+        shape = [1] * value.dim()
+        shape[scheme.axis] = -1
+        scale = scale.reshape(shape)
+    return (rounded * scale.to(torch.float32)).to(value.dtype)
+
+
+def _divided(value: torch.Tensor, scheme: WeightScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """`value` divided by its scales (float32, not yet rounded) and the scales: one per `scheme.group`
+    values along `scheme.axis` (shaped as the weight with that dim divided), or one per index of it, or one for the whole weight."""
+    w = value.detach().to(torch.float32).cpu()
+    if scheme.axis is None:
+        scale = _scale(w.abs().amax(), scheme.stored)
+        return w / scale, scale
+    moved = w.movedim(scheme.axis, -1)
+    if scheme.group:
+        groups = moved.reshape(*moved.shape[:-1], moved.shape[-1] // scheme.group, scheme.group)
+        scale = _scale(groups.abs().amax(-1), scheme.stored)
+        divided = (groups / scale.unsqueeze(-1)).reshape(moved.shape).movedim(-1, scheme.axis)
+        return divided, scale.movedim(-1, scheme.axis)
+    scale = _scale(moved.abs().reshape(-1, moved.shape[-1]).amax(0), scheme.stored)
+    shape = [1] * w.dim()
+    shape[scheme.axis] = -1
+    return w / scale.reshape(shape), scale
 
 
 def input_layers(ctx: ConversionContext, node: torch.fx.Node, x: Any) -> Any:
