@@ -26,7 +26,6 @@ from pipeline.coverage.suite import Entry
 from pipeline.files import write_bytes, write_json
 
 log = logging.getLogger("pipeline.coverage")
-PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 def row_key(entry: Entry, precision: str, overrides: Sequence[str] = ()) -> str:

@@ -94,7 +94,7 @@ def encoder(architecture: str | None = None, *, folder: str | None = None, **con
     return Encoder(model.eval(), takes)
 
 
-FLOATS = ("float32", "float16", "bfloat16")
+FLOATS = tuple(sorted(dtypes.name_of(d) for d in dtypes.FLOAT_DTYPES))
 
 
 class Decoder(torch.nn.Module):

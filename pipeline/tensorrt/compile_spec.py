@@ -10,10 +10,11 @@ from typing import Any
 
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
+from pipeline import dtypes
 from pipeline.errors import CompileSpecError
 from pipeline.tensorrt import blob
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = tuple(dtypes.PRECISIONS)  # compile.precision
 # compile.quantize.mode: how an engine stores the weights of the layers it quantizes (and, for fp8,
 # quantizes those layers' inputs); see QuantizeSpec.
 QUANTIZE_MODES = ("none", "int4_weight_only", "int8_weight_only", "fp8")

@@ -9,39 +9,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline import dtypes
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.trt_api import trt
 
-_COMPUTE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _NUMPY_SAFE = {torch.float32, torch.int32, torch.int64, torch.bool, torch.int8, torch.uint8}
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def torch_to_trt(dtype: torch.dtype) -> Any:
     """The TensorRT data type of a torch dtype."""
-    t = trt()
-    table = {
-        torch.float32: t.float32,
-        torch.float16: t.float16,
-        torch.bfloat16: t.bfloat16,
-        torch.int32: t.int32,
-        torch.int64: t.int64,
-        torch.bool: t.bool,
-        torch.int8: t.int8,
-        torch.uint8: t.uint8,
-    }
-    if dtype not in table:
-        raise TypeError(f"dtype {dtype} has no TensorRT equivalent; supported: {sorted(map(str, table))}")
-    return table[dtype]
+    return dtypes.engine_type(dtype, trt())
 
 
 def trt_to_torch(dtype: Any) -> torch.dtype:
     """The torch dtype of a TensorRT data type."""
-    t = trt()
-    for td in (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.int8, torch.uint8):
+    for td in dtypes.ENGINE_DTYPES:
         if torch_to_trt(td) == dtype:
             return td
-    raise TypeError(f"TensorRT dtype {dtype} has no torch equivalent ({t.__name__})")
+    raise TypeError(f"TensorRT dtype {dtype} has no torch equivalent ({trt().__name__})")
 
 
 class ConversionContext:
@@ -50,7 +35,7 @@ class ConversionContext:
     def __init__(self, network: Any, spec: TensorRTCompileSpec) -> None:
         self.network = network
         self.spec = spec
-        self.compute_dtype = _COMPUTE[spec.precision]
+        self.compute_dtype = dtypes.PRECISIONS[spec.precision]
         self.values: dict[torch.fx.Node, Any] = {}
         self.range_constraints: dict[Any, Any] = {}  # symbol -> value range of the program's dims
         self.constants: dict[torch.fx.Node, torch.Tensor] = {}  # constant placeholders and their values
@@ -64,7 +49,7 @@ class ConversionContext:
     # ---- dtypes -------------------------------------------------------------------------------
     def compute(self, dtype: torch.dtype) -> torch.dtype:
         """Float dtypes become the spec's compute dtype inside the engine; others stay."""
-        return self.compute_dtype if dtype in FLOATS else dtype
+        return self.compute_dtype if dtype in dtypes.FLOAT_DTYPES else dtype
 
     def node_dtype(self, node: torch.fx.Node) -> torch.dtype:
         """Dtype a node's (first) output has inside the engine."""

@@ -3,14 +3,17 @@ check, the runtime's delegate executor, and the benchmark's raw-engine timing)."
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.config.schema import KERNELS
 from pipeline.errors import BlobFormatError, InputError, RuntimeUnavailableError
+from pipeline.files import write_bytes
 from pipeline.tensorrt import build_env
 from pipeline.tensorrt.blob import IOBinding
 from pipeline.tensorrt.trt_api import flavour, trt
@@ -22,7 +25,8 @@ class RuntimeOptions:
 
     Attributes:
         cuda_graph: TensorRT-RTX captures the whole engine in a CUDA graph on first run.
-        runtime_cache_path: TensorRT-RTX persistent cache of just-in-time compiled kernels.
+        runtime_cache_path: a file of TensorRT-RTX's just-in-time compiled kernels: read when the first engine
+            starts, shared by every engine of the process, written back at exit (`save_runtime_caches`).
         method_graph: `pipeline.runtime` captures a whole method (its engines and the kernels between
             them) in one CUDA graph and replays it while the input shapes stay the same: a call is
             one launch. Engines then compile their shape-specialized kernels before the first run
@@ -87,7 +91,6 @@ class EngineRunner:
         self.options = options or RuntimeOptions()
         self.loaded = engine if isinstance(engine, LoadedEngine) else LoadedEngine(engine)
         self.engine = self.loaded.engine
-        self._runtime_cache: Any = None
         self._context: Any = None
         self.inputs = [b for b in bindings if b.is_input]
         self.outputs = [b for b in bindings if not b.is_input]
@@ -128,21 +131,8 @@ class EngineRunner:
         if self.options.cuda_graph and not self.options.method_graph:
             config.cuda_graph_strategy = t.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
         if self.options.runtime_cache_path:
-            cache = config.create_runtime_cache()
-            try:
-                with open(self.options.runtime_cache_path, "rb") as f:
-                    cache.deserialize(f.read())
-            except FileNotFoundError:
-                pass
-            config.set_runtime_cache(cache)
-            self._runtime_cache = cache
+            config.set_runtime_cache(_runtime_cache(config, self.options.runtime_cache_path))
         return self.engine.create_execution_context(config)
-
-    def save_runtime_cache(self) -> None:
-        """Write the just-in-time kernel cache (TensorRT-RTX) to `runtime_cache_path`."""
-        if self._runtime_cache is not None and self.options.runtime_cache_path:
-            with open(self.options.runtime_cache_path, "wb") as f:
-                f.write(bytes(self._runtime_cache.serialize()))
 
     def __call__(self, *args: torch.Tensor, outputs: list[torch.Tensor] | None = None,
                  fresh: frozenset[int] = frozenset(), donated: frozenset[int] = frozenset()) -> list[torch.Tensor]:
@@ -283,3 +273,26 @@ def _aliases(inputs: Sequence[IOBinding], outputs: Sequence[IOBinding]) -> dict[
                                   "input of that name, dtype and shape")
         out[i] = k
     return out
+
+
+_RUNTIME_CACHES: dict[str, Any] = {}  # runtime_cache_path -> the one cache every engine of the process shares
+
+
+def _runtime_cache(config: Any, path: str) -> Any:
+    """The runtime cache of `path`: made (from `config`) and filled from the file on first use."""
+    cache = _RUNTIME_CACHES.get(path)
+    if cache is None:
+        cache = config.create_runtime_cache()
+        if Path(path).is_file():
+            cache.deserialize(Path(path).read_bytes())  # a cache of another GPU or version is ignored by TensorRT-RTX
+        if not _RUNTIME_CACHES:
+            atexit.register(save_runtime_caches)
+        _RUNTIME_CACHES[path] = cache
+    return cache
+
+
+def save_runtime_caches() -> None:
+    """Write every runtime cache to its file, whole or not at all (at exit; call it to keep the kernels
+    compiled so far now)."""
+    for path, cache in _RUNTIME_CACHES.items():
+        write_bytes(path, bytes(cache.serialize()))

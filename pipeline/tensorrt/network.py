@@ -13,11 +13,12 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from pipeline import dtypes
 from pipeline.errors import CompileSpecError, UnsupportedOperatorError
 from pipeline.tensorrt import quantize
 from pipeline.tensorrt.blob import IOBinding
 from pipeline.tensorrt.compile_spec import DimRange, TensorRTCompileSpec
-from pipeline.tensorrt.context import FLOATS, ConversionContext, torch_to_trt
+from pipeline.tensorrt.context import ConversionContext, torch_to_trt
 from pipeline.tensorrt.converters.registry import lookup
 from pipeline.tensorrt.support import refusal_reason
 from pipeline.tensorrt.trt_api import trt
@@ -212,7 +213,7 @@ def _mark_outputs(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IO
         tensor = ctx.values[arg]
         if not hasattr(tensor, "shape"):  # a python scalar from symbolic-int arithmetic
             raise UnsupportedOperatorError(f"engine output {i} ({arg.name}) is not a tensor")
-        if val.dtype in FLOATS or tensor.dtype != torch_to_trt(val.dtype):
+        if val.dtype in dtypes.FLOAT_DTYPES or tensor.dtype != torch_to_trt(val.dtype):
             tensor = ctx.cast(tensor, val.dtype)
         aliases = ctx.in_place.pop(arg, "")  # the layer writes its input's memory: it must be the output
         if tensor.is_network_input or id(tensor) in marked or tensor.is_network_output:

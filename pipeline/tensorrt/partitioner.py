@@ -154,15 +154,11 @@ class TensorRTPartitioner(Partitioner):
             record.claimed[tag] = [n.name for n in nodes if is_operator(n)]
 
 
-_DATA_MOVEMENT = ("converters.shape", "converters.tensor_copy", "converters.creation")
-
-
 def preserved_ops(table: dict[Any, Any]) -> list[Any]:
     """Compute ops with a converter that decomposition `table` would otherwise break up."""
     return [
         op for op in supported_ops()
-        if op in table and not _is_view(op) and op not in _DECOMPOSE_ANYWAY
-        and not lookup(op).impl.__module__.endswith(_DATA_MOVEMENT)  # type: ignore[union-attr]
+        if op in table and not _is_view(op) and not lookup(op).decomposes  # type: ignore[union-attr]
     ]
 
 
@@ -203,11 +199,6 @@ def symbol_ranges(program: ExportedProgram, spec: TensorRTCompileSpec) -> dict[s
                 )
             out[str(size.node.expr)] = rng
     return out
-
-
-# Kept whole, sdpa's output strides differ from its decomposition's and break views after it in
-# ExecuTorch's retrace; its decomposition (matmul, softmax) converts just as well.
-_DECOMPOSE_ANYWAY = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
 
 
 def _is_view(op: Any) -> bool:

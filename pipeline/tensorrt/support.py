@@ -9,12 +9,9 @@ from typing import Any
 import torch
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from pipeline.dtypes import ENGINE_DTYPES
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from pipeline.tensorrt.converters.registry import aten_op, lookup
-
-_ENGINE_DTYPES = frozenset(
-    {torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.int8, torch.uint8}
-)
 
 
 def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None:
@@ -30,10 +27,8 @@ def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None
     if record is None:
         return f"no TensorRT converter for {name}"
     for value in _tensor_values(node):
-        if value.dtype not in _ENGINE_DTYPES:
+        if value.dtype not in ENGINE_DTYPES:
             return f"dtype {value.dtype} is not supported by TensorRT"
-    if not record.dynamic and any(_is_dynamic(v) for v in _tensor_values(node)):
-        return "the converter handles static shapes only"
     if record.validator is not None:
         reason = record.validator(node, spec)
         if reason:
@@ -50,10 +45,6 @@ def _tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
     out = node.meta.get("val")
     vals.extend(out if isinstance(out, (tuple, list)) else [out])
     return [v for v in vals if isinstance(v, torch.Tensor)]
-
-
-def _is_dynamic(value: torch.Tensor) -> bool:
-    return any(not isinstance(d, int) for d in value.shape)
 
 
 class TensorRTOperatorSupport(OperatorSupportBase):

@@ -11,7 +11,7 @@ from pipeline.errors import CompileSpecError, RuntimeUnavailableError, Unsupport
 from pipeline.tensorrt import build_env
 from pipeline.tensorrt.builder import build_engine, builder_config, compute_capability_enum, optimization_profiles
 from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.engine_runner import EngineRunner, LoadedEngine
+from pipeline.tensorrt.engine_runner import EngineRunner, LoadedEngine, RuntimeOptions
 from pipeline.tensorrt.network import define_network
 from pipeline.tensorrt.trt_api import flavour, trt
 from tests.helpers import GPU, Fn, lower, tensorrt_blobs
@@ -227,3 +227,23 @@ def test_an_address_tensorrt_refuses_is_an_error_not_the_last_input() -> None:
     else:
         torch.cuda.synchronize()
         torch.testing.assert_close(out, model(shifted), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_runtime_cache_is_shared_by_engines_and_written_back(tmp_path: Path) -> None:
+    """Every engine of a process compiles its kernels into the one cache of `runtime_cache_path`;
+    `save_runtime_caches` (run at exit) writes it, and a later runner starts from it."""
+    from pipeline.tensorrt import engine_runner
+
+    path = str(tmp_path / "kernels.bin")
+    options = RuntimeOptions(runtime_cache_path=path)
+    program = _program(dynamic=False)
+    built = build_engine(program, TensorRTCompileSpec())
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    first, second = (EngineRunner(LoadedEngine(built.engine), built.metadata.io_bindings, options) for _ in range(2))
+    for runner in (first, second):
+        torch.testing.assert_close(runner(x)[0], program.module().cuda()(x), rtol=1e-3, atol=1e-3)
+    assert len(engine_runner._RUNTIME_CACHES) == 1
+    engine_runner.save_runtime_caches()
+    assert Path(path).stat().st_size > 0

@@ -49,3 +49,18 @@ def test_report_counts_claimed_nodes() -> None:
     assert report["claimed_by_tensorrt"] == 2 and report["left_over"] == [] and report["num_engines"] == 1
     engine = report["engines"][0]
     assert engine["inputs"][0]["shape"] == [2, 4] and engine["num_layers"] > 0
+
+
+def test_which_ops_stay_whole_is_a_fact_of_their_converter_record() -> None:
+    """Decomposition may break up data movement, creation and attention (their records say so); ops
+    whose converters take them whole, such as linear and softmax, are kept from it."""
+    from executorch.exir.tracer import _default_decomposition_table
+
+    from pipeline.tensorrt.converters.registry import lookup
+    from pipeline.tensorrt.partitioner import preserved_ops
+
+    aten = torch.ops.aten
+    kept = set(preserved_ops(_default_decomposition_table()))
+    assert {aten.linear.default, aten.softmax.int, aten.layer_norm.default} <= kept
+    for op in (aten.scaled_dot_product_attention.default, aten.flip.default, aten.full_like.default):
+        assert lookup(op).decomposes and op not in kept  # type: ignore[union-attr]

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from pipeline.dtypes import FLOAT_DTYPES
 from pipeline.tensorrt.converters.registry import Validator
 
-FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 INDEX_DTYPES = frozenset({torch.int32, torch.int64})
 NUMERIC_DTYPES = FLOAT_DTYPES | INDEX_DTYPES
 

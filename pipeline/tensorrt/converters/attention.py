@@ -34,7 +34,9 @@ def _sdpa_ok(node: Node, spec: Any) -> str | None:
     return None
 
 
-@converter(aten.scaled_dot_product_attention.default, validator=_sdpa_ok)
+# Decomposes: kept whole, sdpa's output strides differ from its decomposition's and break views after it
+# in ExecuTorch's retrace; its decomposition (matmul, softmax) converts just as well.
+@converter(aten.scaled_dot_product_attention.default, validator=_sdpa_ok, decomposes=True)
 def scaled_dot_product_attention(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     dtype = ctx.node_dtype(node)
     q, k, val = (ctx.cast(t, dtype) for t in args[:3])

@@ -50,7 +50,7 @@ def _created_ok(node: Node, spec: Any) -> str | None:
     return None
 
 
-@converter(aten.full.default, aten.scalar_tensor.default, *_ARANGE, validator=_created_ok)
+@converter(aten.full.default, aten.scalar_tensor.default, *_ARANGE, validator=_created_ok, decomposes=True)
 def constant_tensor(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if aten_op(node.target) in _ARANGE and any(isinstance(b, Node) for b in _arange_bounds(node)):
         return _dynamic_arange(ctx, node, args)
@@ -79,7 +79,7 @@ def _static_like(node: Node, spec: Any) -> str | None:
     return None if not isinstance(v.arg(node, 1, "fill_value"), Node) else "fill_value must be a constant"
 
 
-@converter(aten.full_like.default, validator=_static_like)
+@converter(aten.full_like.default, validator=_static_like, decomposes=True)
 def full_like(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     val = node.meta["val"]
     return ctx.constant(torch.full(tuple(val.shape), args[1], dtype=val.dtype), ctx.node_dtype(node))

@@ -35,19 +35,20 @@ class ConverterRecord:
     op: Key
     impl: ConverterFn
     validator: Validator | None
-    dynamic: bool
+    decomposes: bool  # lowering lets decomposition break the op up (its parts convert too), see `converter`
 
 
 _REGISTRY: dict[Key, ConverterRecord] = {}
 
 
-def converter(*ops: Key, validator: Validator | None = None, dynamic: bool = True) -> Callable[[ConverterFn], ConverterFn]:
+def converter(*ops: Key, validator: Validator | None = None, decomposes: bool = False) -> Callable[[ConverterFn], ConverterFn]:
     """Register the decorated function as the converter of each of `ops`.
 
     Args:
         ops: ATen `OpOverload`s (not packets, not strings) or symbolic-int builtins.
         validator: capability check run before conversion; returns a refusal reason or None.
-        dynamic: whether the converter handles inputs with dynamic dims.
+        decomposes: whether lowering may let decomposition break the op up rather than keep it whole for
+            this converter (data movement, creation, and attention, whose parts the fusion pass finds).
     Raises:
         TypeError: an op is not an `OpOverload` or allowed builtin.
         ValueError: an op already has a converter.
@@ -59,7 +60,7 @@ def converter(*ops: Key, validator: Validator | None = None, dynamic: bool = Tru
                 raise TypeError(f"converter keys must be torch OpOverloads, got {op!r} ({type(op).__name__})")
             if op in _REGISTRY:
                 raise ValueError(f"{op} already has a converter: {_REGISTRY[op].impl.__qualname__}")
-            _REGISTRY[op] = ConverterRecord(op, fn, validator, dynamic)
+            _REGISTRY[op] = ConverterRecord(op, fn, validator, decomposes)
         return fn
 
     return register

@@ -44,12 +44,12 @@ def _reshape_to_node(ctx: ConversionContext, node: Node, x: Any, fallback: list[
     return layer.get_output(0)
 
 
-@converter(aten.view.default, aten.view_copy.default, aten.reshape.default, aten._unsafe_view.default)
+@converter(aten.view.default, aten.view_copy.default, aten.reshape.default, aten._unsafe_view.default, decomposes=True)
 def view(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _reshape_to_node(ctx, node, args[0], list(args[1]))
 
 
-@converter(aten.permute.default, aten.permute_copy.default)
+@converter(aten.permute.default, aten.permute_copy.default, decomposes=True)
 def permute(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     rank = len(args[0].shape)
     layer = ctx.network.add_shuffle(args[0])
@@ -57,7 +57,7 @@ def permute(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: d
     return layer.get_output(0)
 
 
-@converter(aten.transpose.int, aten.transpose_copy.int)
+@converter(aten.transpose.int, aten.transpose_copy.int, decomposes=True)
 def transpose(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     rank = len(args[0].shape)
     perm = list(range(rank))
@@ -68,7 +68,7 @@ def transpose(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs:
     return layer.get_output(0)
 
 
-@converter(aten.t.default, aten.t_copy.default, validator=v.rank_between(0, 2))
+@converter(aten.t.default, aten.t_copy.default, validator=v.rank_between(0, 2), decomposes=True)
 def t(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if len(args[0].shape) < 2:
         return args[0]
@@ -77,7 +77,7 @@ def t(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[st
     return layer.get_output(0)
 
 
-@converter(aten.expand.default, aten.expand_copy.default)
+@converter(aten.expand.default, aten.expand_copy.default, decomposes=True)
 def expand(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     sizes = list(args[1])
     x = unsqueeze_to(ctx, args[0], len(sizes))
@@ -98,21 +98,21 @@ def _squeezed(node: Node) -> list[int]:
 
 
 @converter(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims,
-           aten.squeeze_copy.default)
+           aten.squeeze_copy.default, decomposes=True)
 def squeeze(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     drop = set(_squeezed(node))
     keep = [d for i, d in enumerate(ctx.dims(args[0])) if i not in drop]
     return _reshape_to_node(ctx, node, args[0], keep)
 
 
-@converter(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+@converter(aten.unsqueeze.default, aten.unsqueeze_copy.default, decomposes=True)
 def unsqueeze(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     sizes = ctx.dims(args[0])
     sizes.insert(norm_dim(int(args[1]), len(sizes) + 1), 1)
     return _reshape_to_node(ctx, node, args[0], sizes)
 
 
-@converter(aten.flatten.using_ints)
+@converter(aten.flatten.using_ints, decomposes=True)
 def flatten(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     rank = len(x.shape)
@@ -124,7 +124,7 @@ def flatten(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: d
     return _reshape_to_node(ctx, node, x, sizes[:start] + [-1] + sizes[end + 1 :])
 
 
-@converter(aten.cat.default, validator=v.NUMERIC)
+@converter(aten.cat.default, validator=v.NUMERIC, decomposes=True)
 def cat(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     dtype = ctx.node_dtype(node)
     parts = [ctx.cast(t, dtype) for t, n in zip(args[0], node.args[0]) if 0 not in tuple(n.meta["val"].shape)]  # type: ignore[union-attr]
@@ -153,7 +153,7 @@ def _int_expr(ctx: ConversionContext, a: Any, b: Any, op: str) -> Any:
     return elementwise(ctx, getattr(ew_ops(), op), x, y)
 
 
-@converter(aten.slice.Tensor, aten.slice_copy.Tensor, validator=_slice_ok)
+@converter(aten.slice.Tensor, aten.slice_copy.Tensor, validator=_slice_ok, decomposes=True)
 def slice_(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     rank = len(x.shape)
@@ -180,7 +180,7 @@ def _clip(ctx: ConversionContext, index: Any, size: Any) -> Any:
     return _int_expr(ctx, _int_expr(ctx, index, size, "MIN"), 0, "MAX")
 
 
-@converter(aten.select.int, aten.select_copy.int)
+@converter(aten.select.int, aten.select_copy.int, decomposes=True)
 def select(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     axis = norm_dim(int(args[1]), len(x.shape))
@@ -198,7 +198,7 @@ def _pixel_shuffle_ok(node: Node, spec: Any) -> str | None:
     return None
 
 
-@converter(aten.pixel_shuffle.default, validator=_pixel_shuffle_ok)
+@converter(aten.pixel_shuffle.default, validator=_pixel_shuffle_ok, decomposes=True)
 def pixel_shuffle(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, r = args[0], int(args[1])
     _, c, h, w = x.shape
@@ -210,7 +210,7 @@ def pixel_shuffle(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwa
 
 
 # ---- symbolic sizes (dynamic shapes) -----------------------------------------------------------
-@converter(aten.sym_size.int)
+@converter(aten.sym_size.int, decomposes=True)
 def sym_size(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return ctx.dim_of(args[0], norm_dim(int(args[1]), len(args[0].shape)))
 
@@ -218,7 +218,7 @@ def sym_size(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: 
 _SYM_OPS = {operator.add: "SUM", operator.sub: "SUB", operator.mul: "PROD", operator.floordiv: "FLOOR_DIV"}
 
 
-@converter(*_SYM_OPS)
+@converter(*_SYM_OPS, decomposes=True)
 def sym_arith(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _int_expr(ctx, args[0], args[1], _SYM_OPS[node.target])  # type: ignore[index]
 
@@ -232,7 +232,7 @@ def _split_ok(node: Node, spec: Any) -> str | None:
 
 
 @converter(aten.split_with_sizes.default, aten.split_with_sizes_copy.default, aten.split.Tensor,
-           aten.split_copy.Tensor, validator=_split_ok)
+           aten.split_copy.Tensor, validator=_split_ok, decomposes=True)
 def split(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     rank = len(x.shape)
@@ -250,7 +250,7 @@ def split(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dic
     return tuple(outs)
 
 
-@converter(aten.flip.default)
+@converter(aten.flip.default, decomposes=True)
 def flip(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A slice that starts at the last element of each flipped dim and steps back."""
     x = args[0]
@@ -274,7 +274,7 @@ def _unfold_ok(node: Node, spec: Any) -> str | None:
     return None
 
 
-@converter(aten.unfold.default, aten.unfold_copy.default, validator=_unfold_ok)
+@converter(aten.unfold.default, aten.unfold_copy.default, validator=_unfold_ok, decomposes=True)
 def unfold(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Sliding windows along a dim (`Tensor.unfold`): one gather of a constant [windows, size] index,
     then the window's axis moved last."""

@@ -17,7 +17,7 @@ Node = torch.fx.Node
 
 
 @converter(aten.clone.default, aten.alias.default, aten.alias_copy.default, aten.detach.default,
-           aten.detach_copy.default, aten.lift_fresh_copy.default, validator=v.NUMERIC)
+           aten.detach_copy.default, aten.lift_fresh_copy.default, validator=v.NUMERIC, decomposes=True)
 def identity(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args[0]
 
@@ -46,17 +46,17 @@ def _dim_order_op(name: str) -> list[Any]:
     return [getattr(ops, name).default] if ops is not None and hasattr(ops, name) else []
 
 
-@converter(*_dim_order_op("_clone_dim_order"), validator=_contiguous_cast)
+@converter(*_dim_order_op("_clone_dim_order"), validator=_contiguous_cast, decomposes=True)
 def clone_dim_order(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args[0]
 
 
-@converter(aten._to_copy.default, *_dim_order_op("_to_dim_order_copy"), validator=_contiguous_cast)
+@converter(aten._to_copy.default, *_dim_order_op("_to_dim_order_copy"), validator=_contiguous_cast, decomposes=True)
 def to_copy(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return ctx.cast(args[0], ctx.node_dtype(node))
 
 
-@converter(aten.copy.default, validator=v.NUMERIC)
+@converter(aten.copy.default, validator=v.NUMERIC, decomposes=True)
 def copy(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """`copy(x, src)`: src broadcast to x's shape, in x's dtype (x itself is not modified)."""
     x, src = args[0], args[1]
