@@ -48,7 +48,7 @@ def measure(overrides: list[str], mode: str, build: Path, built: bool) -> dict[s
     seed = int(cfg["runtime"]["validation_seed"])
     for name, spec in cfg["model"]["methods"].items():
         inputs = objects.example_inputs(spec, seed)
-        function = spec.get("function", "forward")
+        function = objects.function_of(spec)
         with torch.no_grad():
             want = torch.utils._pytree.tree_leaves(getattr(model, function)(*inputs))[0].float()
             simulated = torch.utils._pytree.tree_leaves(getattr(rounded, function)(*inputs))[0].float()

@@ -75,7 +75,7 @@ def _compile_methods(cfg: Mapping[str, Any], model: Any, out_dir: str | Path, ca
         with step(f"compile: exporting method {method!r} of {cfg['model']['name']}") as seconds:
             try:
                 exported[method] = export_method(objects.method_module(model, spec), inputs[method],
-                                                 objects.dynamic_shapes(spec, spec.get("function", "forward")))
+                                                 objects.dynamic_shapes(spec, objects.function_of(spec)))
             except ExportError as exc:
                 raise ExportError(f"compile: method {method!r} of {cfg['model']['name']}: {exc}") from exc
         timings[method] = seconds()

@@ -30,8 +30,7 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
     whose eager outputs are each one constant (say, a zero-initialised head) gets a `note` saying the
     comparison proves nothing, on the CPU too, and a warning.
     """
-    options = RuntimeOptions(bool(cfg["runtime"]["cuda_graph"]), cfg["runtime"].get("runtime_cache_path"),
-                             bool(cfg["runtime"].get("method_graph", False)), str(cfg["runtime"].get("kernels", "lazy")))
+    options = RuntimeOptions.of(cfg["runtime"])
     model = objects.model(cfg)
     seed = int(cfg["runtime"]["validation_seed"])
     tolerance = float(cfg["runtime"]["max_rel_error"])
@@ -41,7 +40,7 @@ def validate_program(cfg: Mapping[str, Any], pte: Path, ptd: Path | None) -> dic
         inputs = objects.example_inputs(spec, seed)
         try:
             with torch.no_grad():
-                out = getattr(model, spec.get("function", "forward"))(*inputs)
+                out = getattr(model, objects.function_of(spec))(*inputs)
         except Exception as exc:  # the model's own code; the program was built from its traced graph
             reason = (str(exc).strip().splitlines() or [""])[0][:300]
             raise ExportError(f"validate: eager PyTorch cannot run method {name!r} on its example inputs "

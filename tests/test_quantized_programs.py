@@ -1,6 +1,6 @@
 """Quantized programs built on the CPU through the configs: a decoder with int4 weights (prefill and
 decode) and a CNN with an int8 classifier lower whole, their engines hold the weights in the stored
-width (their size against the float weights'), and the report says per engine what it quantized."""
+width (their size against the float program's), and the report says per engine what it quantized."""
 
 import json
 from pathlib import Path

@@ -13,6 +13,7 @@ import torch
 from torch.export import Dim
 
 from pipeline import dtypes
+from pipeline.config.schema import CacheConfig, MethodSpec
 from pipeline.config.targets import locate
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.models import checkpoint
@@ -144,12 +145,17 @@ def _every_layer(module: torch.nn.Module, section: Mapping[str, Any], draws: int
         torch.manual_seed(seed)
         show_every_layer(module)
         try:
-            calibrate_batch_norms(module, spec.get("function", "forward"), batch)
+            calibrate_batch_norms(module, function_of(spec), batch)
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             reason = (str(exc).strip().splitlines() or [""])[0]  # one line
             raise ConfigError(f"model.init=every_layer calibrates batch norms on {draws} example inputs of method "
                               f"{name!r} stacked on dim 0, which the model cannot take ({type(exc).__name__}: "
                               f"{reason}); use model.init=factory") from exc
+
+
+def function_of(spec: Mapping[str, Any]) -> str:
+    """The model function a method runs (`model.methods.<m>.function`; `MethodSpec` gives the default)."""
+    return str(spec.get("function") or MethodSpec.function)
 
 
 def method_module(module: torch.nn.Module, spec: Mapping[str, Any]) -> torch.nn.Module:
@@ -158,7 +164,7 @@ def method_module(module: torch.nn.Module, spec: Mapping[str, Any]) -> torch.nn.
     Raises:
         ConfigError: `function` is not a public method the model's own class defines.
     """
-    name = spec.get("function", "forward")
+    name = function_of(spec)
     if name == "forward":
         return module
     own = inspect.getattr_static(type(module), name, None) is not None and not hasattr(torch.nn.Module, name)
@@ -248,10 +254,10 @@ def dim_symbols(spec: Mapping[str, Any], program: torch.export.ExportedProgram) 
 
 def engine_cache(cfg: Mapping[str, Any]) -> EngineCache | None:
     """The configured engine cache, or None when it is off."""
-    section = cfg.get("cache") or {}
-    if not section.get("enabled", True):
+    section = {**vars(CacheConfig()), **(cfg.get("cache") or {})}  # the schema's defaults for what is not given
+    if not section["enabled"]:
         return None
-    return EngineCache(section.get("url"), int(float(section.get("max_gb", 20.0)) * (1 << 30)))
+    return EngineCache(section["url"], int(float(section["max_gb"]) * (1 << 30)))
 
 
 def partitioners(cfg: Mapping[str, Any], method: str) -> list[Any]:

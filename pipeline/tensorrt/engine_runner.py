@@ -4,8 +4,8 @@ check, the runtime's delegate executor, and the benchmark's raw-engine timing)."
 from __future__ import annotations
 
 import atexit
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,11 @@ class RuntimeOptions:
     runtime_cache_path: str | None = None
     method_graph: bool = False
     kernels: str = "lazy"
+
+    @classmethod
+    def of(cls, section: Mapping[str, Any]) -> RuntimeOptions:
+        """The options a `runtime` config section names (its other keys, such as `executor`, are not engine options)."""
+        return cls(**{f.name: section[f.name] for f in fields(cls) if f.name in section})
 
     @property
     def kernel_strategy(self) -> int:
