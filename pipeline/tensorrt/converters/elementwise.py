@@ -10,7 +10,7 @@ import torch
 from pipeline.tensorrt.context import ConversionContext
 from pipeline.tensorrt.converters import _validators as v
 from pipeline.tensorrt.converters._layers import elementwise, ew_ops, promoted, unary, unary_ops, unsqueeze_to
-from pipeline.tensorrt.converters.registry import converter
+from pipeline.tensorrt.converters.registry import aten_op, converter
 
 aten = torch.ops.aten
 Node = torch.fx.Node
@@ -202,7 +202,7 @@ def log1p(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dic
 
 @converter(aten.log2.default, aten.log10.default, validator=v.FLOAT_ONLY)
 def log_base(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    base = 2.0 if "log2" in str(node.target) else 10.0
+    base = 2.0 if aten_op(node.target) == aten.log2.default else 10.0
     log = unary(ctx, args[0], unary_ops().LOG)
     return elementwise(ctx, ew_ops().PROD, log, ctx.tensor(1.0 / math.log(base), like=log))
 
@@ -218,23 +218,26 @@ def trunc(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dic
     return _trunc(ctx, args[0])
 
 
-@converter(aten.remainder.Scalar, aten.remainder.Tensor, aten.fmod.Scalar, aten.fmod.Tensor, validator=v.FLOAT_ONLY)
+_FLOORED = (aten.remainder.Scalar, aten.remainder.Tensor)  # remainder floors the quotient, fmod truncates it
+
+
+@converter(*_FLOORED, aten.fmod.Scalar, aten.fmod.Tensor, validator=v.FLOAT_ONLY)
 def remainder(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """x - q * y with q = floor(x / y) (remainder: the divisor's sign) or trunc(x / y) (fmod: the dividend's)."""
     a, b = promoted(ctx, node, args[0], args[1], ctx.node_dtype(node))
     q = elementwise(ctx, ew_ops().DIV, a, b)
-    q = unary(ctx, q, unary_ops().FLOOR) if "remainder" in str(node.target) else _trunc(ctx, q)
+    q = unary(ctx, q, unary_ops().FLOOR) if aten_op(node.target) in _FLOORED else _trunc(ctx, q)
     return elementwise(ctx, ew_ops().SUB, a, elementwise(ctx, ew_ops().PROD, q, b))
 
 
 _BOOL = v.tensor_dtypes({torch.bool})
-_LOGICAL = {"bitwise_and": "AND", "bitwise_or": "OR", "bitwise_xor": "XOR"}
+_LOGICAL = {aten.bitwise_and.Tensor: "AND", aten.bitwise_or.Tensor: "OR", aten.bitwise_xor.Tensor: "XOR"}
 
 
-@converter(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor, validator=_BOOL)
+@converter(*_LOGICAL, validator=_BOOL)
 def bitwise_bool(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     a, b = promoted(ctx, node, args[0], args[1], torch.bool)
-    return elementwise(ctx, getattr(ew_ops(), _LOGICAL[str(node.target).split(".")[1]]), a, b)
+    return elementwise(ctx, getattr(ew_ops(), _LOGICAL[aten_op(node.target)]), a, b)
 
 
 @converter(aten.bitwise_not.default, validator=_BOOL)

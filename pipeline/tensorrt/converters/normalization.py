@@ -79,7 +79,7 @@ def batch_norm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs
 
 
 def _layer_norm_ok(node: Node, spec: Any) -> str | None:
-    if "native" in str(node.target) and not _only_first_output_used(node):
+    if aten_op(node.target) == aten.native_layer_norm.default and not _only_first_output_used(node):
         return "layer-norm mean/rstd outputs are used"
     return v.FLOAT_ONLY(node, spec)
 
@@ -100,7 +100,7 @@ def layer_norm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs
     layer = ctx.network.add_normalization(x, unsqueeze_to(ctx, weight, rank), unsqueeze_to(ctx, bias, rank), mask)
     layer.epsilon = float(eps)
     out = layer.get_output(0)
-    return (out, None, None) if "native" in str(node.target) else out
+    return (out, None, None) if aten_op(node.target) == aten.native_layer_norm.default else out
 
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ _SPATIAL = {
     aten.adaptive_avg_pool3d.default: 3, aten._adaptive_avg_pool3d.default: 3,
     aten.adaptive_max_pool2d.default: 2, aten.adaptive_max_pool3d.default: 3,
 }
+_WITH_INDICES = (aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
 _WINDOWS_LIMIT = 256  # unequal windows along one dim an adaptive max pooling takes (a slice and a reduction each)
 
 
@@ -51,7 +53,7 @@ def _pool(ctx: ConversionContext, node: Node, x: Any, kind: Any, kernel: Any, st
 
 
 def _indices_unused(node: Node) -> bool:
-    return all(u.target.__name__ == "getitem" and u.args[1] == 0 for u in node.users)  # type: ignore[union-attr]
+    return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
 
 
 def _rank_ok(node: Node, spec: Any) -> str | None:
@@ -63,7 +65,7 @@ _MAX_OK = v.all_of(
     v.FLOAT_ONLY,
     _rank_ok,
     v.predicate(lambda n: all(d == 1 for d in v.arg(n, 4, "dilation", [1])), "max pooling with dilation != 1"),
-    v.predicate(lambda n: "with_indices" not in str(n.target) or _indices_unused(n), "max pooling indices are used"),
+    v.predicate(lambda n: aten_op(n.target) not in _WITH_INDICES or _indices_unused(n), "max pooling indices are used"),
 )
 
 
@@ -75,7 +77,7 @@ def max_pool(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: 
     padding = v.arg(node, 3, "padding", [0])
     ceil = bool(v.arg(node, 5, "ceil_mode", False))
     out = _pool(ctx, node, args[0], trt().PoolingType.MAX, kernel, stride, padding, ceil).get_output(0)
-    return (out, None) if "with_indices" in str(node.target) else out
+    return (out, None) if aten_op(node.target) in _WITH_INDICES else out
 
 
 _AVG_OK = v.all_of(
