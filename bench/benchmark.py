@@ -8,7 +8,7 @@ without TensorRT-RTX's CUDA graph; the runner also with each engine call one gra
 `--method-graph`); plus compile seconds (engine builds) and file sizes. Prints a markdown table.
 Variants take turns in blocks of calls, so that noise on the machine hits them alike.
 
-    python bench/benchmark.py --models mobilenet_v3_small resnet18 --precision fp32 fp16
+    python -m bench.benchmark --models mobilenet_v3_small resnet18 --precision fp32 fp16
 """
 
 from __future__ import annotations
@@ -27,17 +27,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
-from pipeline import pte
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
+from pipeline.delegate import blob, pte
 from pipeline.errors import RuntimeUnavailableError
-from pipeline.native_library import run_runner
 from pipeline.runtime import executorch_runtime, load
+from pipeline.runtime.engine_runner import EngineRunner
+from pipeline.runtime.native_library import run_runner
+from pipeline.runtime.options import RuntimeOptions
 from pipeline.steps import run_all
-from pipeline.tensorrt import blob
-from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ def kernel_profile(run: Callable[[], Any], calls: int, top: int = 10) -> dict[st
 def bench_model(name: str, precision: str, timing: Timing, use_compile: bool,
                 overrides: list[str]) -> list[dict[str, Any]]:
     """Rows for every method of one zoo model, built from the default config plus Hydra `overrides`."""
-    cfg = OmegaConf.to_container(compose([f"model={name}", f"compile.precision={precision}", *overrides]), resolve=True)
+    cfg = typed(compose([f"model={name}", f"compile.precision={precision}", *overrides]))
     out_dir = Path(tempfile.mkdtemp())
     build_start = time.perf_counter()
     files = run_all(cfg, out_dir)
@@ -128,7 +127,7 @@ def bench_model(name: str, precision: str, timing: Timing, use_compile: bool,
     if precision != "fp32":  # eager baselines run in the same precision
         model = model.to(torch.float16 if precision == "fp16" else torch.bfloat16)
     rows = []
-    for method, spec in cfg["model"]["methods"].items():
+    for method, spec in cfg.model.methods.items():
         inputs = [x.cuda() for x in objects.example_inputs(spec, 1)]
         sizes = {"method": method, "pte_MB": files["pte"].stat().st_size / 1e6,
                  "ptd_MB": files["ptd"].stat().st_size / 1e6 if "ptd" in files else 0.0,

@@ -17,10 +17,10 @@ does what is missing. Writes `<out>/coverage-gpu-<precision>.md` and `.json` aft
 The eager reference runs in strict fp32 (TF32 off). TF32 off in the engines too (ours and the
 parser's, which takes the same builder settings): the variable for the whole command, so that the
 builds and the runs both see it; TensorRT-RTX ignores the builder's TF32 flag
-(`pipeline/tensorrt/build_env.py`):
+(`pipeline/engine/build_env.py`):
 
-    python bench/coverage_gpu.py --precision fp32 --jobs 24 --workers-per-gpu 2
-    NVIDIA_TF32_OVERRIDE=0 python bench/coverage_gpu.py timm/lcnet_050 --no-parser
+    python -m bench.coverage_gpu --precision fp32 --jobs 24 --workers-per-gpu 2
+    NVIDIA_TF32_OVERRIDE=0 python -m bench.coverage_gpu timm/lcnet_050 --no-parser
 """
 
 from __future__ import annotations
@@ -44,11 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.benchmark import Timing, Variant, kernel_profile, timed  # noqa: E402
 from pipeline.cli import reported  # noqa: E402
-from pipeline.coverage.run import kept_row, row_key, run_suite, suite_config  # noqa: E402
+from pipeline.coverage.run import entry_config, kept_row, row_key, run_suite, suite_config  # noqa: E402
 from pipeline.coverage.suite import Entry, first_output, select  # noqa: E402
 from pipeline.files import write_bytes, write_json  # noqa: E402
 
@@ -84,8 +82,8 @@ def onnx_engine(setup: Setup, entry: Entry) -> None:
     import torch
 
     from pipeline.config import objects
-    from pipeline.tensorrt.builder import builder_config
-    from pipeline.tensorrt.trt_api import trt
+    from pipeline.engine.builder import builder_config
+    from pipeline.engine.trt_api import trt
 
     precision, folder = setup.precision, setup.folder(entry)
     target = folder / "onnx.engine"
@@ -93,8 +91,9 @@ def onnx_engine(setup: Setup, entry: Entry) -> None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        model = objects.model({"model": entry.model})
-        inputs = objects.example_inputs(entry.model["methods"]["forward"], 0)
+        cfg = entry_config(entry, setup.precision, setup.overrides)
+        model = objects.model(cfg)
+        inputs = objects.example_inputs(cfg.model.methods["forward"], 0)
         if precision != "fp32":
             dtype = torch.float16 if precision == "fp16" else torch.bfloat16
             model = model.to(dtype)
@@ -109,7 +108,7 @@ def onnx_engine(setup: Setup, entry: Entry) -> None:
         if not parser.parse_from_file(str(path)):
             raise RuntimeError("; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
         start = time.perf_counter()
-        engine = builder.build_serialized_network(network, builder_config(builder, objects.compile_spec(setup.config, "forward")))
+        engine = builder.build_serialized_network(network, builder_config(builder, objects.compile_spec(cfg, "forward")))
         if engine is None:
             raise RuntimeError("the ONNX parser's network did not build")
         write_json(folder / "onnx.json", {"build_s": round(time.perf_counter() - start, 2)})
@@ -129,16 +128,16 @@ def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
     from pipeline.config import objects
 
     folder, precision = setup.folder(entry), setup.precision
-    tolerance = float(setup.config["runtime"]["max_rel_error"])
-    name = entry.model["name"]
-    pte_path = folder / "program" / f"{name}.pte"
+    tolerance = float(setup.config.runtime.max_rel_error)
+    cfg = entry_config(entry, setup.precision, setup.overrides)
+    pte_path = folder / "program" / f"{cfg.model.name}.pte"
     ptd = pte_path.with_suffix(".ptd")
-    spec = entry.model["methods"]["forward"]
+    spec = cfg.model.methods["forward"]
     if setup.parser and not any((folder / f).exists() for f in ("onnx.engine", "onnx.error")):
         onnx_engine(setup, entry)  # its build was kept from a run that stopped
     host_inputs = objects.example_inputs(spec, 1)
     other_inputs = objects.example_inputs(spec, 2)  # how much the output depends on the input
-    host_model = objects.model({"model": entry.model})
+    host_model = objects.model(cfg)
     with (gpu if setup.parser else None) or nullcontext():
         try:
             return _measure_on_gpu(host_model, host_inputs, other_inputs, pte_path, ptd, row, precision, folder, iters,
@@ -156,10 +155,10 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, other_inputs: Any, pte_pa
                     precision: str, folder: Path, iters: int, tolerance: float, kernels: int) -> dict[str, Any]:
     import torch
 
-    from pipeline import pte
+    from pipeline.delegate import blob, pte
     from pipeline.runtime import load
-    from pipeline.tensorrt import blob
-    from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
+    from pipeline.runtime.engine_runner import EngineRunner
+    from pipeline.runtime.options import RuntimeOptions
 
     inputs = [x.cuda() for x in host_inputs]
     model = host_model.cuda()
@@ -240,9 +239,10 @@ def strict_fp32() -> Iterator[None]:
 def _onnx_runner(engine: bytes, inputs: list[Any], precision: str, stream: Any) -> Any:
     import torch
 
-    from pipeline.tensorrt.blob import IOBinding
-    from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
-    from pipeline.tensorrt.trt_api import trt
+    from pipeline.delegate.blob import IOBinding
+    from pipeline.engine.trt_api import trt
+    from pipeline.runtime.engine_runner import EngineRunner
+    from pipeline.runtime.options import RuntimeOptions
 
     t = trt()
     probe = t.Runtime(t.Logger(t.Logger.ERROR)).deserialize_cuda_engine(engine)

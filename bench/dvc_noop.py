@@ -1,7 +1,7 @@
 """Time a no-op `dvc repro` (target: under 3 s on the 2-core CI machine) against `dvc status`, in a
 temporary copy of the project built once with the default config.
 
-    python bench/dvc_noop.py [--repeats 5]
+    python -m bench.dvc_noop [--repeats 5]
 """
 
 from __future__ import annotations

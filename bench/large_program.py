@@ -9,8 +9,8 @@ fresh process, the host memory that loading every method takes (peak anonymous a
 resident memory above the process's baseline, sampled every 5 ms) against the largest engine, and
 each method's largest relative error against eager PyTorch.
 
-    python bench/large_program.py --out /tmp/large            # ~3 GB of engines, ~12 GB of host memory
-    python bench/large_program.py --hidden 1024 --layers 2    # the same path in seconds
+    python -m bench.large_program --out /tmp/large            # ~3 GB of engines, ~12 GB of host memory
+    python -m bench.large_program --hidden 1024 --layers 2    # the same path in seconds
 """
 
 from __future__ import annotations
@@ -48,10 +48,11 @@ def example(hidden: int) -> torch.Tensor:
 
 def build(hidden: int, layers: int, out: Path) -> list[dict[str, Any]]:
     """Compile once, save both layouts; rows of sizes and seconds."""
-    from pipeline import pte
-    from pipeline.compile import compile_method
-    from pipeline.export import save, stage
-    from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+    from pipeline.delegate import pte
+    from pipeline.engine.compile_spec import TensorRTCompileSpec
+    from pipeline.lowering.compile import compile_method
+    from pipeline.lowering.export import stage
+    from pipeline.lowering.serialize import save
 
     spec = TensorRTCompileSpec()
     start = time.perf_counter()

@@ -14,8 +14,8 @@ and top-1 agreement). The Python-free runner (`pipeline-runner generate`: ExecuT
 and the native delegate, with and without TensorRT-RTX's CUDA graph) gets decode tokens/s, the
 bytes its delegate copied per step, and whether its greedy tokens are pipeline.runtime's. Prints markdown; `--out` also writes `llm.json` and `llm.md`.
 
-    python bench/llm.py                                   # TinyLlama-sized, fp16
-    python bench/llm.py --set model=llama_tiny model.kwargs.max_cache_len=256 --prompt 128 --steps 64
+    python -m bench.llm                                   # TinyLlama-sized, fp16
+    python -m bench.llm --set model=llama_tiny model.kwargs.max_cache_len=256 --prompt 128 --steps 64
 """
 
 from __future__ import annotations
@@ -32,17 +32,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from bench.benchmark import kernel_profile
 from pipeline.config import objects
-from pipeline.config.compose import compose
-from pipeline.native_library import run_runner
+from pipeline.config.compose import compose, typed
+from pipeline.delegate.tensor_spec import check_inputs
 from pipeline.runtime import load
 from pipeline.runtime.generate import generate
+from pipeline.runtime.native_library import run_runner
+from pipeline.runtime.options import RuntimeOptions
 from pipeline.steps import run_all
-from pipeline.tensor_spec import check_inputs
-from pipeline.tensorrt.engine_runner import RuntimeOptions
 
 RATED_GBS = {"H200": 4800.0, "H100": 3350.0}  # HBM bandwidth, GB/s (NVIDIA's data sheets; H100 SXM)
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens [1, T], start [1]) -> logits
@@ -251,8 +250,8 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/llm.py needs a CUDA GPU")
-    cfg: dict[str, Any] = OmegaConf.to_container(compose(list(args.set)), resolve=True)  # type: ignore[assignment]
-    kwargs = cfg["model"]["kwargs"]
+    cfg = typed(compose(list(args.set)))
+    kwargs = cfg.model.kwargs
     vocab = int(kwargs["vocab_size"])
     results: dict[str, Any] = {"config": args.set, "gpu": torch.cuda.get_device_name()}
 

@@ -2,7 +2,7 @@
 (Python + launches, no sync), span on the GPU (CUDA events around one synced call), and throughput
 time (many calls back to back, so host work hides behind the GPU). Prints a markdown table.
 
-    python bench/overhead.py --model mobilenet_v3_small --precision fp32
+    python -m bench.overhead --model mobilenet_v3_small --precision fp32
 """
 
 from __future__ import annotations
@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
-from pipeline import pte
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
+from pipeline.delegate import blob, pte
 from pipeline.runtime import load
+from pipeline.runtime.engine_runner import EngineRunner
+from pipeline.runtime.options import RuntimeOptions
 from pipeline.steps import run_all
-from pipeline.tensorrt import blob
-from pipeline.tensorrt.engine_runner import EngineRunner, RuntimeOptions
 
 
 def measure(fn: Callable[[], Any], stream: Any, iters: int) -> dict[str, float]:
@@ -58,14 +57,14 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--iters", type=int, default=300)
     args = parser.parse_args()
-    cfg = OmegaConf.to_container(compose([f"model={args.model}", f"compile.precision={args.precision}"]), resolve=True)
+    cfg = typed(compose([f"model={args.model}", f"compile.precision={args.precision}"]))
     files = run_all(cfg, Path(tempfile.mkdtemp()))
     file = pte.read(files["pte"], files.get("ptd"))
     program = file.program
-    method_name = next(iter(cfg["model"]["methods"]))
+    method_name = next(iter(cfg.model.methods))
     (call,) = [c for c in pte.delegate_calls(program) if c.backend == blob.BACKEND_ID and c.method == method_name]
     meta, engine = pte.engine(file, call.payload)
-    x = [t.cuda() for t in objects.example_inputs(cfg["model"]["methods"][method_name], 1)]
+    x = [t.cuda() for t in objects.example_inputs(cfg.model.methods[method_name], 1)]
     options = RuntimeOptions(cuda_graph=True)
     loaded = load(files["pte"], files.get("ptd"), options=options)
     method = loaded.method(method_name)

@@ -5,8 +5,8 @@ largest error relative to the outputs' range), the agreement of the top-1 entry 
 them (what tells a wrong engine from quantization's own error) and the median call. Prints markdown;
 `--out` also writes `quantized.json`.
 
-    python bench/quantized.py --set model=llama_tiny compile=fp16 --build build/quantized        # build and measure
-    python bench/quantized.py --set model=llama_tiny compile=fp16 --build build/quantized --built # measure what is there
+    python -m bench.quantized --set model=llama_tiny compile=fp16 --build build/quantized        # build and measure
+    python -m bench.quantized --set model=llama_tiny compile=fp16 --build build/quantized --built # measure what is there
 """
 
 from __future__ import annotations
@@ -17,20 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
+from pipeline.engine import quantize
+from pipeline.engine.compile_spec import QUANTIZE_MODES, QuantizeSpec
 from pipeline.runtime.program import load
 from pipeline.steps import run_all
-from pipeline.tensorrt import quantize
-from pipeline.tensorrt.compile_spec import QUANTIZE_MODES, QuantizeSpec
-from pipeline.validate import validate_program
+from pipeline.steps.validate import validate_program
 
 
 def measure(overrides: list[str], mode: str, build: Path, built: bool) -> dict[str, Any]:
     """One mode's row: engine bytes, and on a GPU error, top-1 agreement and median call per method."""
-    cfg: Any = OmegaConf.to_container(compose([*overrides, f"compile.quantize.mode={mode}"]), resolve=True)
+    cfg: Any = typed(compose([*overrides, f"compile.quantize.mode={mode}"]))
     folder = build / mode
     if not built:
         run_all(cfg, folder)
@@ -44,11 +43,11 @@ def measure(overrides: list[str], mode: str, build: Path, built: bool) -> dict[s
     ptd = next((folder / "program").glob("*.ptd"), None)
     row["methods"] = validate_program(cfg, pte, ptd)["methods"]
     model, program = objects.model(cfg), load(pte, ptd)
-    rounded = _rounded(objects.model(cfg), QuantizeSpec(**cfg["compile"].get("quantize") or {}))
-    seed = int(cfg["runtime"]["validation_seed"])
-    for name, spec in cfg["model"]["methods"].items():
+    rounded = _rounded(objects.model(cfg), QuantizeSpec.of(cfg.compile.quantize))
+    seed = cfg.runtime.validation_seed
+    for name, spec in cfg.model.methods.items():
         inputs = objects.example_inputs(spec, seed)
-        function = objects.function_of(spec)
+        function = spec.function
         with torch.no_grad():
             want = torch.utils._pytree.tree_leaves(getattr(model, function)(*inputs))[0].float()
             simulated = torch.utils._pytree.tree_leaves(getattr(rounded, function)(*inputs))[0].float()

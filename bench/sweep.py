@@ -4,8 +4,8 @@ the joblib launcher (parallel jobs) and the Ray launcher (a local cluster that t
 with `ray start --head` and stops). Prints wall seconds, engines built and engines taken from the
 cache per sweep, from each sweep's summary table.
 
-    python bench/sweep.py                                   # 2 models x 2 precisions x 3 levels = 12 jobs
-    python bench/sweep.py --models mlp --levels 1           # a quick look
+    python -m bench.sweep                                   # 2 models x 2 precisions x 3 levels = 12 jobs
+    python -m bench.sweep --models mlp --levels 1           # a quick look
 """
 
 from __future__ import annotations

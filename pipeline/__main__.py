@@ -13,14 +13,15 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pipeline.cli import check_arguments, check_yaml, job_overrides, reported
-from pipeline.config.compose import CONF_DIR, compose
+from pipeline.config.compose import CONF_DIR, compose, typed
 from pipeline.config.schema import register_configs
 from pipeline.config.validate import validate
 from pipeline.files import write_json
@@ -39,10 +40,10 @@ def main(cfg: DictConfig) -> float | None:
 
     with reported():
         validate(cfg)
-        container = OmegaConf.to_container(cfg, resolve=True)
+        config = typed(cfg)
         with staged(out) as tmp:
-            files = run_all(container, tmp, validate=True)  # type: ignore[arg-type]
-            write_json(tmp / "params.json", container)
+            files = run_all(config, tmp, validate=True)
+            write_json(tmp / "params.json", asdict(config))
             metrics = json.loads(files["metrics"].read_text())
         log.info("wrote %s", ", ".join(str(out / p.relative_to(tmp)) for p in files.values()))
     return objective(metrics)

@@ -33,9 +33,11 @@ class Layout:
     plot: Path
 
     @classmethod
-    def of(cls, cfg: dict[str, Any], target: str | None) -> Layout:
+    def of(cls, cfg: Any, target: str | None) -> Layout:
+        """`cfg`: the typed config, or params.yaml as plain data (stages that run before validation)."""
         if target is None:
-            return cls(Path("build") / cfg["model"]["name"], Path("timings.json"), Path("metrics.json"),
+            name = cfg["model"]["name"] if isinstance(cfg, dict) else cfg.model.name
+            return cls(Path("build") / name, Path("timings.json"), Path("metrics.json"),
                        Path("plots") / "build.json")
         matrix = Path("matrix") / target
         return cls(Path("build") / "targets" / target, matrix / "timings.json", matrix / "metrics.json", matrix / "plot.json")
@@ -51,9 +53,9 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return out
 
 
-def setup(doc: str | None) -> tuple[dict[str, Any], Layout]:
-    """Configure progress logging, say which stage starts, and return the validated params (of the
-    target the command line or `$DVC_STAGE` names) with the target's layout."""
+def setup(doc: str | None) -> tuple[Any, Layout]:
+    """Configure progress logging, say which stage starts, and return the validated params as the typed
+    config (`PipelineConfig`, of the target the command line or `$DVC_STAGE` names) with the target's layout."""
     args = parser(doc).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("pipeline").info("stage %s: starting", os.environ.get("DVC_STAGE") or os.path.basename(sys.argv[0]))

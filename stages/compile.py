@@ -9,9 +9,9 @@ def main() -> None:
     cfg, layout = setup(__doc__)
     import json
 
+    from pipeline.engine.toolchain import WEIGHTS
     from pipeline.files import write_json
     from pipeline.steps import run_compile
-    from pipeline.toolchain import WEIGHTS
 
     recorded = json.loads((layout.build / "toolchain.json").read_text()).get(WEIGHTS)
     write_json(layout.timings, run_compile(cfg, layout.build / "compiled", recorded))

@@ -12,9 +12,9 @@ from _common import Layout, parser, run
 
 from pipeline.config.compose import check_experiment, check_params_file, target_config
 from pipeline.config.validate import check_plain_names
+from pipeline.engine import calibration
+from pipeline.engine.toolchain import WEIGHTS, record
 from pipeline.files import write_json
-from pipeline.tensorrt import calibration
-from pipeline.toolchain import WEIGHTS, record
 
 
 def main() -> None:

@@ -12,14 +12,14 @@ import pytest
 import torch
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
 
-from pipeline.tensorrt import blob
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.context import ConversionContext
-from pipeline.tensorrt.engine_runner import EngineRunner, cuda_ready
-from pipeline.tensorrt.network import define_network
-from pipeline.tensorrt.partitioner import TensorRTPartitioner
-from pipeline.tensorrt.report import delegates, engine_of
-from pipeline.tensorrt.trt_api import trt
+from pipeline.delegate import blob
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.context import ConversionContext
+from pipeline.engine.network import define_network
+from pipeline.engine.trt_api import trt
+from pipeline.lowering.partitioner import TensorRTPartitioner
+from pipeline.lowering.report import delegates, engine_of
+from pipeline.runtime.engine_runner import EngineRunner, cuda_ready
 
 # Tolerance per precision, relative to the reference's largest magnitude (documented in README).
 TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 6e-2}

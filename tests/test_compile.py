@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch.export import Dim
 
-from pipeline.compile import compile_method
+from pipeline.delegate.blob import decode_op_metadata
+from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import CompileSpecError, RuntimeUnavailableError
+from pipeline.lowering.compile import compile_method
 from pipeline.models.decoder import MethodView, tiny_decoder
-from pipeline.tensorrt.blob import decode_op_metadata
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.engine_op import is_engine_call
+from pipeline.runtime.engine_op import is_engine_call
 from tests.helpers import GPU, MIXED_SPEC, Mixed, assert_close
 from tests.helpers import MIXED_INPUT as X
 

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.compile import compile_method
 from pipeline.coverage.run import row_key, run_suite, suite_config
 from pipeline.coverage.suite import FAST, TIMM, Entry, entries, select
-from pipeline.export import export, save
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.lowering.compile import compile_method
+from pipeline.lowering.export import export
+from pipeline.lowering.serialize import save
 
 
 def test_suite_has_every_family() -> None:
@@ -82,7 +83,7 @@ class Split(torch.nn.Module):
 def test_report_gives_the_compile_steps_reasons_and_min_block_size_works(tmp_path: Path) -> None:
     spec = TensorRTCompileSpec(min_block_size=3, torch_executed_ops=("aten.cumsum",))
     program = compile_method(Split(), (torch.randn(2, 8),), spec)
-    report = export(program, compile_specs=spec).tensorrt_report["forward"]  # type: ignore[attr-defined]
+    report = export(program, compile_specs=spec).report["forward"]
     reasons = {item["op"]: item["reason"] for item in report["left_over"]}
     assert reasons["aten.cumsum.default"] == "kept out of TensorRT by compile spec torch_executed_ops (aten.cumsum.default)"
     assert "below min_block_size=3" in reasons["aten.addmm.default"] and "below min_block_size=3" in reasons["aten.relu.default"]

@@ -10,18 +10,19 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline import pte, steps
+from pipeline import steps
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.coverage import suite
-from pipeline.coverage.run import build_row
+from pipeline.coverage.run import build_row, entry_config
+from pipeline.delegate import pte
+from pipeline.delegate.blob import decode_op_metadata
+from pipeline.delegate.pte import named_entries
 from pipeline.errors import ConfigError, InputError
 from pipeline.models.hf import decoder
-from pipeline.pte import named_entries
 from pipeline.runtime import load
 from pipeline.runtime.generate import generate
-from pipeline.tensorrt.blob import decode_op_metadata
-from pipeline.tensorrt.engine_runner import RuntimeOptions
+from pipeline.runtime.options import RuntimeOptions
 from tests.helpers import GPU
 
 MODELS = ["llama_tiny", "qwen2_tiny"]
@@ -52,7 +53,7 @@ def test_every_suite_family_steps_as_transformers_does(family: str) -> None:
     import transformers
 
     (entry,) = suite.select([f"hf-decoder/{family}"])
-    model = objects.model({"model": entry.model})
+    model = objects.model(entry_config(entry))
     lm = model.checkpoint_module  # type: ignore[union-attr]
     reference = transformers.AutoModelForCausalLM.from_config(type(lm.config)(**lm.config.to_dict())).eval()
     reference.load_state_dict(lm.state_dict())
@@ -70,7 +71,7 @@ PROFILES = {"llama_tiny": ["compile.profiles=[{tokens:[1,1,1]}]"], "qwen2_tiny":
 
 @pytest.fixture(scope="module", params=MODELS)
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
-    cfg = compose([f"model={request.param}", "cache=off", *PROFILES[request.param]])
+    cfg = typed(compose([f"model={request.param}", "cache=off", *PROFILES[request.param]]))
     out = tmp_path_factory.mktemp(request.param)
     steps.run_all(cfg, out)
     return cfg, out
@@ -80,24 +81,24 @@ def test_prefill_and_decode_lower_whole_with_the_cache_as_state(built: tuple[obj
     cfg, out = built
     report = json.loads((out / "report.json").read_text())
     assert {m: (r["num_engines"], r["left_over"]) for m, r in report.items()} == {"prefill": (1, []), "decode": (1, [])}
-    profiles = 1 + len(cfg.compile.profiles)  # type: ignore[attr-defined]
+    profiles = 1 + len(cfg.compile.profiles)
     assert [e["profiles"] for r in report.values() for e in r["engines"]] == [profiles, profiles]
-    kwargs = cfg.model.kwargs  # type: ignore[attr-defined]
-    head_dim = kwargs.hidden_size // kwargs.num_attention_heads
-    cache_bytes = 2 * kwargs.num_hidden_layers * kwargs.num_key_value_heads * kwargs.max_cache_len * head_dim * 4
-    program = load(out / "program" / f"{cfg.model.name}.pte", device="cpu")  # type: ignore[attr-defined]
+    kwargs = cfg.model.kwargs
+    head_dim = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+    cache_bytes = 2 * kwargs["num_hidden_layers"] * kwargs["num_key_value_heads"] * kwargs["max_cache_len"] * head_dim * 4
+    program = load(out / "program" / f"{cfg.model.name}.pte", device="cpu")
     (state,) = program.state.values()  # one arena, both methods'
     engines = [e for e in named_entries(program.file) if e["key"].startswith("tensorrt.engine.")]
     assert len(engines) == 1  # prefill and decode call one engine: the weights are stored once
-    assert program.constant("max_cache_len") == kwargs.max_cache_len  # what generate checks prompts against
+    assert program.constant("max_cache_len") == kwargs["max_cache_len"]  # what generate checks prompts against
     assert cache_bytes <= state.numel() < cache_bytes + 1024
     for method in ("prefill", "decode"):
         exported = torch.export.load(out / "compiled" / f"{method}.pt2")
         (engine,) = [n for n in exported.graph.nodes if n.op == "call_function" and "execute_engine" in str(n.target)]
         fed = {exported.graph_signature.inputs_to_buffers.get(a.name, "") for a in engine.args[0]}
-        assert {f"module.model.key_cache_{i}" for i in range(kwargs.num_hidden_layers)} <= fed, fed
+        assert {f"module.model.key_cache_{i}" for i in range(kwargs["num_hidden_layers"])} <= fed, fed
         meta, _ = decode_op_metadata(engine.args[2])  # every K and V cache updated where it lives
-        caches = {f"module_model_{kv}_cache_{i}" for kv in ("key", "value") for i in range(kwargs.num_hidden_layers)}
+        caches = {f"module_model_{kv}_cache_{i}" for kv in ("key", "value") for i in range(kwargs["num_hidden_layers"])}
         assert {b.aliases for b in meta.outputs if b.aliases} == caches, method
 
 
@@ -120,7 +121,7 @@ def test_teacher_forced_logits_match_transformers(built: tuple[object, Path], me
     """Prefill, then decode steps (each method one CUDA graph when `method_graph`), the cache
     updated in place in the program's state: every step's logits match eager transformers."""
     cfg, out = built
-    program = load(out / "program" / f"{cfg.model.name}.pte",  # type: ignore[attr-defined]
+    program = load(out / "program" / f"{cfg.model.name}.pte",
                    options=RuntimeOptions(method_graph=method_graph))
     (state,) = program.state.values()
     where = state.data_ptr()
@@ -155,7 +156,7 @@ def test_every_suite_family_teacher_forced_on_the_gpu(family: str, tmp_path: Pat
     row = build_row(entry, "fp32", tmp_path)
     assert row["lowered_whole"], row
     program = load(tmp_path / "program" / f"{entry.model['name']}.pte")
-    model = objects.model({"model": entry.model}).cuda()
+    model = objects.model(entry_config(entry)).cuda()
     assert_teacher_forced(program, model, suite.DECODER_SIZE["vocab_size"], 8, 6)
 
 
@@ -173,15 +174,15 @@ def test_generate_on_the_gpu_matches_transformers(built: tuple[object, Path]) ->
             want = torch.cat([want, token], dim=1)
             logits = model.decode(token, torch.tensor([want.shape[1] - 1]).cuda())
     for method_graph in (False, True):
-        program = load(out / "program" / f"{cfg.model.name}.pte",  # type: ignore[attr-defined]
+        program = load(out / "program" / f"{cfg.model.name}.pte",
                        options=RuntimeOptions(method_graph=method_graph))
         assert torch.equal(generate(program, prompt, 10), want.cpu()), method_graph
 
 
 def test_the_record_bounds_token_ids_and_positions(built: tuple[object, Path]) -> None:
     cfg, out = built
-    record = pte.read(out / "program" / f"{cfg.model.name}.pte").record  # type: ignore[attr-defined]
-    cache, vocab = cfg.model.kwargs.max_cache_len, cfg.model.kwargs.vocab_size  # type: ignore[attr-defined]
+    record = pte.read(out / "program" / f"{cfg.model.name}.pte").record
+    cache, vocab = cfg.model.kwargs["max_cache_len"], cfg.model.kwargs["vocab_size"]
     for method in ("prefill", "decode"):
         tokens, start = record.inputs[method]  # type: ignore[union-attr]
         assert (tokens.values, tokens.end) == ((0, vocab - 1), None)
@@ -196,7 +197,7 @@ def test_out_of_range_ids_and_positions_are_refused_and_the_logits_stay_right(bu
     teacher-forced logits after them match transformers."""
     cfg, out = built
     model = objects.model(cfg).cuda()  # type: ignore[arg-type]
-    program = load(out / "program" / f"{cfg.model.name}.pte")  # type: ignore[attr-defined]
+    program = load(out / "program" / f"{cfg.model.name}.pte")
     prefill, decode = program.method("prefill"), program.method("decode")
     bad = [([[1, 300, 9]], [0]), ([[1, -5, 9]], [0]), ([[10**9]], [0]), ([[1, 2, 3]], [1000]), ([[1]], [-7]),
            ([[1, 2, 3]], [62]), ([[4]], [64])]

@@ -9,14 +9,14 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from executorch.exir.pass_base import ExportPass
 from torch.export import Dim
 
-from pipeline import pte
-from pipeline.compile import compile_method
+from pipeline.delegate import blob, pte
+from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import ExportError
-from pipeline.export import export, save
+from pipeline.lowering.compile import compile_method
+from pipeline.lowering.export import export
+from pipeline.lowering.partitioner import TensorRTPartitioner
+from pipeline.lowering.serialize import save
 from pipeline.models.decoder import MethodView, tiny_decoder
-from pipeline.tensorrt import blob
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.partitioner import TensorRTPartitioner
 from tests.helpers import MIXED_INPUT as X
 from tests.helpers import MIXED_SPEC, Mixed
 
@@ -67,7 +67,8 @@ def test_external_tensor_data(mixed, tmp_path: Path) -> None:  # type: ignore[no
 
 
 def test_prefill_and_decode_keep_their_engines(decoder_methods, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    manager = export(decoder_methods, constant_methods={"max_seq_len": 100, "vocab_size": 256})
+    lowered = export(decoder_methods, constant_methods={"max_seq_len": 100, "vocab_size": 256})
+    manager = lowered.manager
     decode = manager.exported_program("decode")
     keys, values = (n for n in decode.graph.nodes if n.op == "placeholder" and n.name in decode.graph_signature.user_inputs[2:])
     assert str(keys.meta["val"].shape[3]) == str(values.meta["val"].shape[3])  # the shared Dim is still shared
@@ -76,7 +77,7 @@ def test_prefill_and_decode_keep_their_engines(decoder_methods, tmp_path: Path) 
     assert _backends(path) == {"prefill": ["TensorRTBackend"], "decode": ["TensorRTBackend"]}
     plans = {p.name: p for p in pte.load_program(path).execution_plan}
     assert {"max_seq_len", "vocab_size"} <= set(plans)
-    assert manager.tensorrt_report["decode"]["num_engines"] == 1
+    assert lowered.report["decode"]["num_engines"] == 1
 
 
 def test_etrecord_is_written(mixed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -129,7 +130,7 @@ def test_clear_errors(mixed, call, message: str) -> None:  # type: ignore[no-unt
 def test_calls_sharing_an_engine_share_one_payload() -> None:
     import operator
 
-    from pipeline.tensorrt.engine_op import is_engine_call
+    from pipeline.runtime.engine_op import is_engine_call
 
     x = torch.randn(2, 4)
     gm = compile_method(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (x,)).module()
@@ -140,7 +141,7 @@ def test_calls_sharing_an_engine_share_one_payload() -> None:
         result = gm.graph.call_function(operator.getitem, (again, 0))
     output.args = ((result,),)
     gm.recompile()
-    buffer = export(gm, inputs=(x,)).to_executorch().buffer
+    buffer = export(gm, inputs=(x,)).manager.to_executorch().buffer
     program, named = pte.parse(buffer)
     first, second = (bytes(d.data) for d in program.backend_delegate_data)
     assert len(program.execution_plan[0].delegates) == 2 and first == second

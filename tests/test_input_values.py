@@ -3,19 +3,18 @@ refuses a call outside them before anything runs, so the program's state stays a
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch.export import Dim
 
-from pipeline import pte
-from pipeline.compile import compile_method, export_method
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
+from pipeline.delegate import pte
+from pipeline.delegate.input_values import Bounds, value_bounds
+from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import InputError, RuntimeUnavailableError
-from pipeline.export import save
-from pipeline.input_values import Bounds, value_bounds
+from pipeline.lowering.compile import compile_method, export_method
+from pipeline.lowering.serialize import save
 from pipeline.runtime import load
 from pipeline.runtime.generate import parse_prompt
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 
 TOKENS = Dim("tokens", min=1, max=8)
 
@@ -48,10 +47,10 @@ def test_bounds_come_from_the_tables_the_inputs_index() -> None:
 
 
 def test_decoder_configs_bound_token_ids_and_positions() -> None:
-    cfg = OmegaConf.to_container(compose(["model=llama_tiny"]), resolve=True)
-    spec = cfg["model"]["methods"]["prefill"]
+    cfg = typed(compose(["model=llama_tiny"]))
+    spec = cfg.model.methods["prefill"]
     program = export_method(objects.method_module(objects.model(cfg), spec), objects.example_inputs(spec, 0),
-                            objects.dynamic_shapes(spec, spec["function"]))
+                            objects.dynamic_shapes(spec))
     assert value_bounds(program, objects.declared_values(spec)) == [Bounds(0, 255), Bounds(0, 63, (0, 1, 64))]
 
 

@@ -12,17 +12,17 @@ import torch
 from executorch.exir._serialize._cord import Cord
 from executorch.exir._serialize._program import deserialize_pte_binary
 from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
-from omegaconf import OmegaConf
 
-from pipeline import dtypes, pte, record
-from pipeline.compile import compile_method
-from pipeline.config.compose import compose
+from pipeline import dtypes
+from pipeline.config.compose import compose, typed
+from pipeline.delegate import blob, pte, record
+from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import BlobFormatError, ExportError
-from pipeline.export import save, stage
+from pipeline.lowering.compile import compile_method
+from pipeline.lowering.export import stage
+from pipeline.lowering.serialize import save
 from pipeline.runtime import load
 from pipeline.steps import run_all
-from pipeline.tensorrt import blob
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 
 
 class Block(torch.nn.Module):
@@ -95,7 +95,7 @@ def test_pte_keeps_kilobytes_with_external_data(written: dict[bool, dict[str, Pa
 
 @pytest.mark.parametrize("model", ["mlp", "tiny_decoder"])
 def test_zoo_pte_keeps_kilobytes_with_external_data(model: str, tmp_path: Path) -> None:
-    cfg = OmegaConf.to_container(compose([f"model={model}", "serialize=external"]), resolve=True)
+    cfg = typed(compose([f"model={model}", "serialize=external"]))
     files = run_all(cfg, tmp_path)  # type: ignore[arg-type]
     assert files["pte"].stat().st_size < 64_000 and files["ptd"].stat().st_size > 10 * files["pte"].stat().st_size
     assert {e["file"] for e in pte.named_entries(pte.read(files["pte"], files["ptd"]))} == {"ptd"}
@@ -173,10 +173,10 @@ def test_one_name_never_holds_two_methods_different_data(tmp_path: Path) -> None
     clash = {"a": torch.export.export(Table(torch.zeros(4)), (x,)), "b": torch.export.export(Table(torch.ones(4)), (x,))}
     with pytest.raises(ExportError, match="constant 'table' holds different data in methods 'a' and 'b'"):
         save(clash, tmp_path / "clash.pte", external_data=True)
-    cfg = OmegaConf.to_container(compose(["model=llama_tiny", "serialize=external", "cache=off",  # decode its own engine
+    cfg = typed(compose(["model=llama_tiny", "serialize=external", "cache=off",  # decode its own engine
                                           "model.kwargs.num_hidden_layers=1",
                                           "model.methods.decode={function:step,inputs:[{shape:[1,1],dtype:int64},"
-                                          "{shape:[1],dtype:int64}],dims:{},dynamic:{}}"]), resolve=True)
+                                          "{shape:[1],dtype:int64}],dims:{},dynamic:{}}"]))
     files = run_all(cfg, tmp_path / "llama")  # type: ignore[arg-type]
     file = pte.read(files["pte"], files["ptd"])
     for plan in file.program.execution_plan:

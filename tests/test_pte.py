@@ -5,9 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from pipeline import pte
+from pipeline.delegate import blob, pte
 from pipeline.errors import BlobFormatError
-from pipeline.tensorrt import blob
 from tests.helpers import Fn, lower
 
 

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.errors import CompileSpecError
 from pipeline.steps import run_all
 
@@ -21,7 +20,7 @@ CNN = ["model=mobilenet_v3_small", "compile=fp16", "cache=off", "compile.quantiz
 
 def _engine(overrides: list[str], out: Path) -> dict:
     """The one engine of the program `overrides` build, checked to have left nothing outside it."""
-    run_all(OmegaConf.to_container(compose(overrides), resolve=True), out)  # type: ignore[arg-type]
+    run_all(typed(compose(overrides)), out)  # type: ignore[arg-type]
     report = json.loads((out / "report.json").read_text())
     assert all(m["left_over"] == [] and m["num_engines"] == 1 for m in report.values()), report
     (engine,) = {e["engine_key"]: e for m in report.values() for e in m["engines"]}.values()  # prefill and decode share it
@@ -45,7 +44,7 @@ def test_quantized_programs_lower_whole_and_store_narrow_weights(overrides: list
 
 def test_a_keep_pattern_that_names_nothing_is_refused(tmp_path: Path) -> None:
     """A misspelt pattern would quantize the layer it meant to keep."""
-    cfg = OmegaConf.to_container(compose([*DECODER, "compile.quantize.keep=[lm_haed.*]"]), resolve=True)
+    cfg = typed(compose([*DECODER, "compile.quantize.keep=[lm_haed.*]"]))
     with pytest.raises(CompileSpecError, match=r"^compile.quantize.keep pattern 'lm_haed.\*' names no parameter of "
                                                r"method 'prefill' \(its names look like '.*\.weight'\)"):
         run_all(cfg, tmp_path)  # type: ignore[arg-type]

@@ -7,9 +7,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.config.targets import ENV
 from pipeline.errors import ConfigError, ExportError
 from pipeline.steps import run_all
@@ -27,7 +26,7 @@ def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, *override
     (tmp_path / "sorts.py").write_text(SORTS)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(ENV, "sorts")
-    cfg = OmegaConf.to_container(compose(["model._target_=sorts.make", *overrides]), resolve=True)
+    cfg = typed(compose(["model._target_=sorts.make", *overrides]))
     run_all(cfg, tmp_path / name)  # type: ignore[arg-type]
     return tmp_path / name
 

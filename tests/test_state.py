@@ -8,14 +8,15 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline.compile import compile_method, compile_program, export_method, written_state
+from pipeline.delegate.blob import decode_op_metadata
+from pipeline.delegate.pte import read
 from pipeline.errors import ExportError
-from pipeline.export import export, save
+from pipeline.lowering.compile import compile_method, compile_program, export_method, written_state
+from pipeline.lowering.export import export
+from pipeline.lowering.serialize import save
 from pipeline.models.decoder import MethodView
-from pipeline.pte import read
 from pipeline.runtime import load
 from pipeline.runtime.values import state_values
-from pipeline.tensorrt.blob import decode_op_metadata
 from tests.helpers import GPU
 
 
@@ -93,8 +94,9 @@ def test_written_buffers_reach_engines_as_inputs_and_are_never_folded() -> None:
         fed = {state[a.name] for a in engine.args[0] if a.name in state}
         assert fed == {"module.cache"}, (name, fed)  # the cache comes in at run time, not built into the engine
         assert not any("folded" in b for b in program.graph_signature.buffers), program.graph_signature.buffers
-    manager = export(programs)
-    assert all(not r["left_over"] for r in manager.tensorrt_report.values()), manager.tensorrt_report
+    lowered = export(programs)
+    manager = lowered.manager
+    assert all(not r["left_over"] for r in lowered.report.values()), lowered.report
     assert set(manager.exported_program("write").graph_signature.buffers_to_mutate.values()) == {"module.cache"}
 
 

@@ -6,9 +6,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.config.targets import ENV
 from pipeline.steps import run_all
 
@@ -26,7 +25,7 @@ def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, source:
     (tmp_path / f"{module}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(ENV, module)
-    cfg = OmegaConf.to_container(compose(list(overrides)), resolve=True)
+    cfg = typed(compose(list(overrides)))
     run_all(cfg, tmp_path / run, validate=True)  # type: ignore[arg-type]
     return tmp_path / run
 
@@ -38,7 +37,7 @@ def _forward(build: Path) -> dict:
 def test_a_constant_reference_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        caplog: pytest.LogCaptureFixture) -> None:
     notes = {}
-    with caplog.at_level(logging.WARNING, logger="pipeline.validate"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.steps.validate"):
         for init in ("factory", "every_layer"):
             build = _build(tmp_path, monkeypatch, "zerohead", ZERO_HEAD, init, "model._target_=zerohead.make",
                            f"model.init={init}")
@@ -68,7 +67,7 @@ def test_a_program_beyond_the_tolerance_is_marked_and_named(tmp_path: Path, monk
                                                            caplog: pytest.LogCaptureFixture) -> None:
     """On the CPU: the multiplication is kept out of TensorRT, so the program has no engine and runs."""
     found = {}
-    with caplog.at_level(logging.WARNING, logger="pipeline.validate"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.steps.validate"):
         for factory in ("differs", "same", "nan"):
             build = _build(tmp_path, monkeypatch, "scaled", EXPORT_DIFFERS, factory, f"model._target_=scaled.{factory}",
                            "compile.torch_executed_ops=[aten.mul]")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from hydra import initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.cli import check_arguments, check_yaml, reported
-from pipeline.config.schema import register_configs
+from pipeline.config.schema import PipelineConfig, register_configs, typed
 from pipeline.config.validate import validate
 from pipeline.errors import ConfigError
 from pipeline.files import write_bytes, write_json
@@ -53,8 +54,8 @@ def write_params(cfg: DictConfig, path: str | Path = "params.yaml") -> Path:
     return write_bytes(path, text.encode())
 
 
-def read_params(path: str | Path = "params.yaml", target: str | None = None) -> dict[str, Any]:
-    """`params.yaml` as plain data, re-validated (stages read only this, never `conf/`); with
+def read_params(path: str | Path = "params.yaml", target: str | None = None) -> PipelineConfig:
+    """`params.yaml`, re-validated (stages read only this, never `conf/`), as the typed config; with
     `target`, the config of that build-matrix target (`target_config`)."""
     check_params_file(path)
     try:
@@ -64,7 +65,7 @@ def read_params(path: str | Path = "params.yaml", target: str | None = None) -> 
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"{path} is not a mapping; write it with `python -m pipeline.config.compose [OVERRIDES]`")
     validate(cfg)
-    return target_config(OmegaConf.to_container(cfg, resolve=True), target)  # type: ignore[arg-type]
+    return target_config(typed(cfg), target)
 
 
 def check_params_file(path: str | Path = "params.yaml") -> None:
@@ -78,20 +79,25 @@ def check_params_file(path: str | Path = "params.yaml") -> None:
                           "`python -m pipeline.config.compose [OVERRIDES]`")
 
 
-def target_config(cfg: Mapping[str, Any], target: str | None) -> dict[str, Any]:
+def target_config(cfg: Any, target: str | None) -> Any:
     """The build config of one matrix target: the target's model and compile variant with the
     top-level groups (partitioners, transforms, serialize, runtime, cache); `cfg` itself for None.
+    `cfg` is the typed config, or (for the stages that check names and digests before anything is
+    validated) params.yaml as plain data; the result is of the same kind.
 
     Raises:
         ConfigError: `cfg` has no target of that name.
     """
     if target is None:
-        return dict(cfg)
-    targets = cfg.get("targets") or {}
+        return cfg
+    plain = not isinstance(cfg, PipelineConfig)
+    targets = (cfg.get("targets") or {}) if plain else cfg.targets
     if target not in targets:
         raise ConfigError(f"params.yaml has no build target {target!r} (it has {sorted(targets)}); compose the "
                           "matrix that holds it, e.g. `python -m pipeline.config.compose matrix=zoo`")
-    return {**cfg, "model": targets[target]["model"], "compile": targets[target]["compile"], "targets": {}}
+    if plain:
+        return {**cfg, "model": targets[target]["model"], "compile": targets[target]["compile"], "targets": {}}
+    return replace(cfg, model=targets[target].model, compile=targets[target].compile, targets={})
 
 
 def main(argv: Sequence[str] | None = None) -> None:

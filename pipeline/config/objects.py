@@ -1,4 +1,4 @@
-"""Turn a composed config (plain data) into the objects the library takes: the model, example
+"""Turn the typed config (`schema.PipelineConfig`) into the objects the library takes: the model, example
 inputs, dynamic shapes, compile specs, partitioner chains and passes. Every `_target_` is checked
 (trusted module, kind of its slot: `targets.py`) before it is imported or called."""
 
@@ -6,22 +6,22 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch.export import Dim
 
 from pipeline import dtypes
-from pipeline.config.schema import CacheConfig, MethodSpec
+from pipeline.config.schema import MethodSpec, ModelConfig, PartitionerEntry, PassEntry, PipelineConfig
 from pipeline.config.targets import locate
+from pipeline.engine.cache import EngineCache
+from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.models import checkpoint
 from pipeline.models.decoder import MethodView
 from pipeline.models.registry import download_reason
 from pipeline.models.weights import calibrate_batch_norms, show_every_layer
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.engine_cache import EngineCache
 
 log = logging.getLogger("pipeline")
 # The constant method naming a program's weight files: JSON {"path": model.weights, "files":
@@ -31,18 +31,9 @@ WEIGHTS = "pipeline_weights"
 DTYPES = {name: dtypes.BY_NAME[name].torch for name in ("float32", "float16", "bfloat16", "int64", "int32", "bool")}
 
 
-def instantiate(entry: Mapping[str, Any], slot: str, where: str) -> Any:
-    """Call `entry["_target_"]`, checked to be of `slot`'s kind, with `entry["kwargs"]`."""
-    return build(locate(str(entry["_target_"]), slot, where), plain_kwargs(entry), where)
-
-
-def plain_kwargs(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """A config entry's `kwargs` as plain Python values (a list a list, not OmegaConf's ListConfig),
-    as the code they are passed to expects, whichever way the config came (composed or loaded)."""
-    from omegaconf import OmegaConf
-
-    kwargs = entry.get("kwargs") or {}
-    return dict(OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else kwargs)  # type: ignore[arg-type]
+def instantiate(entry: PartitionerEntry | PassEntry, slot: str, where: str) -> Any:
+    """Call `entry._target_`, checked to be of `slot`'s kind, with `entry.kwargs`."""
+    return build(locate(str(entry._target_), slot, where), dict(entry.kwargs), where)
 
 
 def build(factory: Any, kwargs: dict[str, Any], where: str) -> Any:
@@ -51,7 +42,7 @@ def build(factory: Any, kwargs: dict[str, Any], where: str) -> Any:
     return factory(**kwargs)
 
 
-def check_kwargs(factory: Any, kwargs: Mapping[str, Any], where: str) -> None:
+def check_kwargs(factory: Any, kwargs: dict[str, Any], where: str) -> None:
     """Raise `ConfigError` naming `where` unless `factory` takes exactly these keyword arguments."""
     try:
         inspect.signature(factory).bind(**kwargs)
@@ -60,7 +51,7 @@ def check_kwargs(factory: Any, kwargs: Mapping[str, Any], where: str) -> None:
                           f"{sorted(kwargs)}: {exc}") from exc
 
 
-def check_no_download(factory: Any, kwargs: Mapping[str, Any]) -> None:
+def check_no_download(factory: Any, kwargs: dict[str, Any]) -> None:
     """Raise `ConfigError` where the kwargs would make the factory read weights from a file or the
     network (`registry.download_reason`): builds use seeded random weights."""
     reason = download_reason(factory, dict(kwargs))
@@ -69,24 +60,23 @@ def check_no_download(factory: Any, kwargs: Mapping[str, Any]) -> None:
                           "(leave weights null and pretrained false, and name no files)")
 
 
-def model_kwargs(factory: Any, section: Mapping[str, Any]) -> dict[str, Any]:
+def model_kwargs(factory: Any, kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
     """The keyword arguments the model factory gets from the config's `model` section: its kwargs,
     plus `seed=` when the factory takes one."""
-    kwargs = plain_kwargs(section)
-    return {"seed": int(section["seed"]), **kwargs} if "seed" in inspect.signature(factory).parameters else kwargs
+    return {"seed": seed, **kwargs} if "seed" in inspect.signature(factory).parameters else kwargs
 
 
-def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
+def model(cfg: PipelineConfig) -> torch.nn.Module:
     """The model of the config: built by its factory, then its weights read from `model.weights`
     (`checkpoint.py`) or, without a file, drawn from its seed (passed as `seed=` to factories that
     take it, else set as PyTorch's seed for the call) and initialised as `model.init` says. Nothing
     is downloaded: no pretrained weights. A Hugging Face model folder also tells its factory what
     to build (passed as `folder=`)."""
-    section = cfg["model"]
-    factory = locate(str(section["_target_"]), "model", "model._target_")
-    kwargs = model_kwargs(factory, section)
+    section = cfg.model
+    factory = locate(section._target_, "model", "model._target_")
+    kwargs = model_kwargs(factory, dict(section.kwargs), section.seed)
     check_no_download(factory, kwargs)
-    weights = section.get("weights")
+    weights = section.weights
     if weights and checkpoint.is_model_folder(weights):
         if "folder" not in inspect.signature(factory).parameters:
             raise ConfigError(f"model.weights = {weights!r} is a Hugging Face model folder, which only a factory that takes "
@@ -98,54 +88,54 @@ def model(cfg: Mapping[str, Any]) -> torch.nn.Module:
             built = build(factory, kwargs, "model._target_")
         else:
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(section["seed"]))
+                torch.manual_seed(section.seed)
                 built = build(factory, kwargs, "model._target_")
     except PipelineError:
         raise
     except Exception as exc:  # the model's own code: any error it raises for kwargs it cannot take
         reason = (str(exc).strip().splitlines() or [""])[0][:300]
-        raise ConfigError(f"model._target_ = {section['_target_']!r} failed to build the model from model.kwargs "
+        raise ConfigError(f"model._target_ = {section._target_!r} failed to build the model from model.kwargs "
                           f"{kwargs} ({type(exc).__name__}: {reason}); fix the kwargs it names") from exc
     if not isinstance(built, torch.nn.Module):
-        raise ConfigError(f"model._target_ = {section['_target_']!r} returned a {type(built).__name__}, not an nn.Module")
+        raise ConfigError(f"model._target_ = {section._target_!r} returned a {type(built).__name__}, not an nn.Module")
     empty = next((name for name, p in built.named_parameters() if p.numel() == 0), None)
     if empty is not None:
-        raise ConfigError(f"model.kwargs {section.get('kwargs') or {}} build a model whose parameter {empty!r} has no "
+        raise ConfigError(f"model.kwargs {section.kwargs} build a model whose parameter {empty!r} has no "
                           f"elements (shape {list(built.get_parameter(empty).shape)}); give every size at least 1")
     if weights:
         target = getattr(built, "checkpoint_module", built)
-        state = checkpoint.rename(checkpoint.read_state_dict(weights), dict(section.get("weight_prefixes") or {}))
-        kept = checkpoint.load_strictly(target, state, f"model.weights = {weights!r}", bool(section.get("weights_partial")))
+        state = checkpoint.rename(checkpoint.read_state_dict(weights), dict(section.weight_prefixes))
+        kept = checkpoint.load_strictly(target, state, f"model.weights = {weights!r}", section.weights_partial)
         if kept:
             log.warning("model.weights = %r sets %d of the model's keys; %d keep their seeded values (model.weights_partial): "
                         "%s", weights, len(state), len(kept), ", ".join(kept))
-    elif section.get("init", "factory") == "every_layer":
+    elif section.init == "every_layer":
         _every_layer(built, section)
     return built.eval()
 
 
-def program_constants(cfg: Mapping[str, Any], module: torch.nn.Module, weights: list[dict[str, Any]] | None) -> dict[str, Any]:
+def program_constants(cfg: PipelineConfig, module: torch.nn.Module, weights: list[dict[str, Any]] | None) -> dict[str, Any]:
     """The constant methods the program of `module` carries: what the model asks for
     (`program_constants`), and the digests of the weight files it was built from (`WEIGHTS`)."""
     import json
 
     out = dict(getattr(module, "program_constants", None) or {})
     if weights is not None:
-        out[WEIGHTS] = json.dumps({"path": str(cfg["model"]["weights"]), "files": weights}, separators=(",", ":"))
+        out[WEIGHTS] = json.dumps({"path": str(cfg.model.weights), "files": weights}, separators=(",", ":"))
     return out
 
 
-def _every_layer(module: torch.nn.Module, section: Mapping[str, Any], draws: int = 8) -> None:
+def _every_layer(module: torch.nn.Module, section: ModelConfig, draws: int = 8) -> None:
     """`model.init=every_layer`: what hides layers set, batch norms calibrated on `draws` seeded draws
     of the first method's example inputs, stacked on dim 0 (its batch)."""
-    name, spec = next(iter(section["methods"].items()))
-    seed = int(section["seed"])
+    name, spec = next(iter(section.methods.items()))
+    seed = section.seed
     batch = [torch.cat(xs) for xs in zip(*(example_inputs(spec, seed + i) for i in range(draws)))]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         show_every_layer(module)
         try:
-            calibrate_batch_norms(module, function_of(spec), batch)
+            calibrate_batch_norms(module, spec.function, batch)
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             reason = (str(exc).strip().splitlines() or [""])[0]  # one line
             raise ConfigError(f"model.init=every_layer calibrates batch norms on {draws} example inputs of method "
@@ -153,18 +143,13 @@ def _every_layer(module: torch.nn.Module, section: Mapping[str, Any], draws: int
                               f"{reason}); use model.init=factory") from exc
 
 
-def function_of(spec: Mapping[str, Any]) -> str:
-    """The model function a method runs (`model.methods.<m>.function`; `MethodSpec` gives the default)."""
-    return str(spec.get("function") or MethodSpec.function)
-
-
-def method_module(module: torch.nn.Module, spec: Mapping[str, Any]) -> torch.nn.Module:
+def method_module(module: torch.nn.Module, spec: MethodSpec) -> torch.nn.Module:
     """`module` with the method's function exposed as `forward`.
 
     Raises:
         ConfigError: `function` is not a public method the model's own class defines.
     """
-    name = function_of(spec)
+    name = spec.function
     if name == "forward":
         return module
     own = inspect.getattr_static(type(module), name, None) is not None and not hasattr(torch.nn.Module, name)
@@ -174,38 +159,37 @@ def method_module(module: torch.nn.Module, spec: Mapping[str, Any]) -> torch.nn.
     return MethodView(module, name)
 
 
-def example_inputs(spec: Mapping[str, Any], seed: int) -> tuple[torch.Tensor, ...]:
+def example_inputs(spec: MethodSpec, seed: int) -> tuple[torch.Tensor, ...]:
     """Fixed-seed example inputs of one method."""
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for item in spec["inputs"]:
-        dtype = DTYPES[item.get("dtype", "float32")]
+    for item in spec.inputs:
+        dtype = DTYPES[item.dtype]
         if dtype.is_floating_point:
-            out.append(torch.randn(*item["shape"], generator=gen).to(dtype))
+            out.append(torch.randn(*item.shape, generator=gen).to(dtype))
         else:
-            out.append(torch.randint(item.get("low", 0), item.get("high", 2), tuple(item["shape"]), generator=gen).to(dtype))
+            out.append(torch.randint(item.low, item.high, tuple(item.shape), generator=gen).to(dtype))
     return tuple(out)
 
 
-def declared_values(spec: Mapping[str, Any]) -> list[tuple[int, int] | None]:
+def declared_values(spec: MethodSpec) -> list[tuple[int, int] | None]:
     """Per input of one method: the inclusive range of values its config gives an integer input
     ([low, high - 1], where its examples are drawn), which bounds the input where no indexing op does."""
-    return [None if DTYPES[item.get("dtype", "float32")].is_floating_point or item.get("dtype") == "bool"
-            else (int(item.get("low", 0)), int(item.get("high", 2)) - 1) for item in spec["inputs"]]
+    return [None if DTYPES[item.dtype].is_floating_point or item.dtype == "bool" else (item.low, item.high - 1)
+            for item in spec.inputs]
 
 
-def dynamic_shapes(spec: Mapping[str, Any], function: str) -> Any:
+def dynamic_shapes(spec: MethodSpec) -> Any:
     """torch.export dynamic shapes of one method; a dim name used twice is one shared `Dim`."""
-    if not spec.get("dynamic"):
+    if not spec.dynamic:
         return None
-    dims = {name: Dim(name, min=d["min"], max=d["max"]) for name, d in spec["dims"].items()}
-    dynamic = {int(i): by_dim for i, by_dim in spec["dynamic"].items()}  # typed configs key by int, YAML may not
-    shapes = [{int(dim): dims[name] for dim, name in dynamic.get(i, {}).items()} for i in range(len(spec["inputs"]))]
+    dims = {name: Dim(name, min=d["min"], max=d["max"]) for name, d in spec.dims.items()}
+    shapes = [{dim: dims[name] for dim, name in spec.dynamic.get(i, {}).items()} for i in range(len(spec.inputs))]
     # A MethodView takes *args, so its shapes nest one level deeper.
-    return (tuple(shapes),) if function != "forward" else tuple(shapes)
+    return (tuple(shapes),) if spec.function != "forward" else tuple(shapes)
 
 
-def compile_spec(cfg: Mapping[str, Any], method: str, program: torch.export.ExportedProgram | None = None) -> TensorRTCompileSpec:
+def compile_spec(cfg: PipelineConfig, method: str, program: torch.export.ExportedProgram | None = None) -> TensorRTCompileSpec:
     """The TensorRT compile spec of one method (global fields, then its per_method overrides); with
     the method's exported `program`, its `profiles` name the program's symbols instead of the
     method's dim names.
@@ -213,13 +197,13 @@ def compile_spec(cfg: Mapping[str, Any], method: str, program: torch.export.Expo
     Raises:
         ConfigError: a profile names a dim the method does not have, or a range outside the dim's.
     """
-    fields = {k: v for k, v in cfg["compile"].items() if k != "per_method"}
-    fields.update((cfg["compile"].get("per_method") or {}).get(method, {}))
+    fields = {k: v for k, v in asdict(cfg.compile).items() if k != "per_method"}
+    fields.update(cfg.compile.per_method.get(method, {}))
     spec = TensorRTCompileSpec.from_mapping(fields).for_method(method)
     if not spec.profiles:
         return spec
-    dims = cfg["model"]["methods"][method].get("dims") or {}
-    symbols = dim_symbols(cfg["model"]["methods"][method], program) if program is not None else None
+    dims = cfg.model.methods[method].dims
+    symbols = dim_symbols(cfg.model.methods[method], program) if program is not None else None
     for i, profile in enumerate(spec.profiles):
         for dim, (lo, opt, hi) in profile.items():
             if dim not in dims:
@@ -237,39 +221,38 @@ def compile_spec(cfg: Mapping[str, Any], method: str, program: torch.export.Expo
     return spec.with_profiles([{symbols[d]: r for d, r in p.items()} for p in spec.profiles])
 
 
-def dim_symbols(spec: Mapping[str, Any], program: torch.export.ExportedProgram) -> dict[str, str]:
+def dim_symbols(spec: MethodSpec, program: torch.export.ExportedProgram) -> dict[str, str]:
     """Each dim name of a method -> the symbol its program sizes that dim with (a dim the export
     kept static has none)."""
     nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     names = program.graph_signature.user_inputs
     out = {}
-    for i, by_dim in (spec.get("dynamic") or {}).items():
-        shape = nodes[names[int(i)]].meta["val"].shape
+    for i, by_dim in (spec.dynamic or {}).items():
+        shape = nodes[names[i]].meta["val"].shape
         for dim, name in by_dim.items():
-            size = shape[int(dim)]
+            size = shape[dim]
             if not isinstance(size, int):
                 out[name] = str(size.node.expr)
     return out
 
 
-def engine_cache(cfg: Mapping[str, Any]) -> EngineCache | None:
+def engine_cache(cfg: PipelineConfig) -> EngineCache | None:
     """The configured engine cache, or None when it is off."""
-    section = {**vars(CacheConfig()), **(cfg.get("cache") or {})}  # the schema's defaults for what is not given
-    if not section["enabled"]:
+    if not cfg.cache.enabled:
         return None
-    return EngineCache(section["url"], int(float(section["max_gb"]) * (1 << 30)))
+    return EngineCache(cfg.cache.url, int(cfg.cache.max_gb * (1 << 30)))
 
 
-def partitioners(cfg: Mapping[str, Any], method: str) -> list[Any]:
+def partitioners(cfg: PipelineConfig, method: str) -> list[Any]:
     """The partitioners after TensorRT for one method, fresh instances."""
-    chain = cfg["partitioners"]["chain"][1:]
+    chain = cfg.partitioners.chain[1:]
     return [instantiate(e, "partitioner", f"partitioners.chain[{i}]._target_")
-            for i, e in enumerate(chain, start=1) if not e.get("methods") or method in e["methods"]]
+            for i, e in enumerate(chain, start=1) if not e.methods or method in e.methods]
 
 
-def transform_passes(cfg: Mapping[str, Any], method: str) -> list[Any]:
+def transform_passes(cfg: PipelineConfig, method: str) -> list[Any]:
     """Edge passes for one method ("*" entries first)."""
-    passes = cfg["transforms"]["passes"]
+    passes = cfg.transforms.passes
     entries = [(f"transforms.passes.*[{i}]", e) for i, e in enumerate(passes.get("*", []))]
     entries += [(f"transforms.passes.{method}[{i}]", e) for i, e in enumerate(passes.get(method, []))]
     return [instantiate(e, "pass", f"{where}._target_") for where, e in entries]

@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from pipeline.engine.options import CompileOptions, QuantizeOptions
+from pipeline.errors import ConfigError
+from pipeline.runtime.options import RuntimeOptions
 
 
 @dataclass
@@ -54,40 +59,14 @@ class ModelConfig:
     methods: dict[str, MethodSpec] = MISSING
 
 
-@dataclass
-class QuantizeConfig:
-    """Which weights engines store quantized (`TensorRTCompileSpec.quantize`, `QuantizeSpec`): mode
-    none, int4_weight_only, int8_weight_only or fp8; group_size (int4); layers (linear, embedding);
-    keep (parameter-name patterns left float); calibration (fp8: a file of inputs)."""
-
-    mode: str = "none"
-    group_size: int = 128
-    layers: list[str] = field(default_factory=lambda: ["linear", "embedding"])
-    keep: list[str] = field(default_factory=list)
-    calibration: str | None = None
+QuantizeConfig = QuantizeOptions  # compile.quantize
 
 
 @dataclass
-class CompileConfig:
-    """TensorRT compile-spec fields; `per_method` overrides them by method name."""
+class CompileConfig(CompileOptions):
+    """The engine build options (`CompileOptions`: each option, its default and meaning there), and
+    `per_method`: overrides of them by method name."""
 
-    precision: str = "fp32"
-    allow_tf32: bool = True
-    optimization_level: int = 3
-    workspace_bytes: int | None = None
-    min_block_size: int = 1
-    torch_executed_ops: list[str] = field(default_factory=list)  # e.g. ["aten.cumsum"]: run outside TensorRT
-    timing_cache_path: str | None = None
-    target_compute_capabilities: list[str] = field(default_factory=list)
-    dynamic_shapes: dict[str, dict[int, list[Any]]] = field(default_factory=dict)
-    # Further optimization profiles of every engine, each {dim name: [min, opt, max]} (e.g. a
-    # decoder's decode: [{tokens: [1, 1, 1]}]); one engine, tuned per profile.
-    profiles: list[dict[str, list[Any]]] = field(default_factory=list)
-    max_aux_streams: int | None = None
-    # Attention: "fused" (TensorRT's attention layer), "grouped" (products per K/V head: fastest
-    # one-token decode, slower long prompts) or "as_written" (the graph's ops); see TensorRTCompileSpec.
-    attention: str = "fused"
-    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     per_method: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -118,41 +97,35 @@ class TransformsConfig:
 
     passes: dict[str, list[PassEntry]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:  # OmegaConf 2.3 leaves the items of a list inside a dict as plain dicts
+        self.passes = {method: [e if isinstance(e, PassEntry) else PassEntry(**e) for e in entries]
+                       for method, entries in self.passes.items()}
+
 
 @dataclass
 class SerializeConfig:
     external_data: bool = False
     etrecord: bool = False
     output_name: str | None = None  # default: the model name
-    # A program calling kernels ExecuTorch's runtime library lacks (pipeline/runtime_kernels.py):
+    # A program calling kernels ExecuTorch's runtime library lacks (pipeline/runtime/library_kernels.py):
     # "warn" writes it and says so, "error" refuses it.
     runtime_kernels: str = "warn"
 
 
-EXECUTORS = ("pipeline", "executorch")  # the runtimes `runtime.executor` names (pipeline/runtime/executors.py)
-# When TensorRT-RTX compiles kernels specialized to a new input shape (`runtime.kernels`): in the
-# background, generic kernels running until then; in the first call with that shape; never. In this
-# order they are TensorRT-RTX's own strategy values (its native API takes the index).
-KERNELS = ("lazy", "eager", "none")
-
-
 @dataclass
-class RuntimeConfig:
+class RuntimeConfig(RuntimeOptions):
     """How the validate step and the benchmark run programs: which runtime (`executor`, one of
-    `EXECUTORS`: pipeline.runtime, or ExecuTorch's runtime with the native delegate) and its options."""
+    `EXECUTORS`: pipeline.runtime, or ExecuTorch's runtime with the native delegate) and the engine
+    options (`RuntimeOptions`)."""
 
     executor: str = "pipeline"
-    cuda_graph: bool = False
-    runtime_cache_path: str | None = None
-    method_graph: bool = False  # each method one CUDA graph, replayed while its input shapes stay the same
-    kernels: str = "lazy"  # one of KERNELS (TensorRT-RTX; method_graph compiles them eagerly)
     validation_seed: int = 1
     max_rel_error: float = 0.02  # an autotune counts only builds within this of eager PyTorch
 
 
 @dataclass
 class CacheConfig:
-    """The engine cache every compile looks engines up in (`pipeline/tensorrt/engine_cache.py`)."""
+    """The engine cache every compile looks engines up in (`pipeline/engine/cache.py`)."""
 
     enabled: bool = True
     url: str | None = None  # None: $PIPELINE_ENGINE_CACHE or ~/.cache/trt-executorch-pipeline/engines
@@ -197,3 +170,20 @@ def register_configs() -> None:
     cs.store(name="pipeline_schema", node=PipelineConfig)
     for group, schema in GROUPS.items():
         cs.store(group=group, name=f"{group}_schema", node=schema)
+
+
+def typed(cfg: DictConfig) -> PipelineConfig:
+    """A validated config (composed, or `params.yaml` as read) as the schema's objects: what the steps,
+    the stages and the benchmarks take, every value a plain Python value.
+
+    Raises:
+        ConfigError: a key the schema does not have, or a value of the wrong type (a hand-edited file).
+    """
+    try:
+        if OmegaConf.get_type(cfg) is not PipelineConfig:
+            cfg = OmegaConf.merge(OmegaConf.structured(PipelineConfig), cfg)  # type: ignore[assignment]
+        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        reason = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"the config does not fit its schema ({reason}); write params.yaml with "
+                          "`python -m pipeline.config.compose [OVERRIDES]`") from exc

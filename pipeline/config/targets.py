@@ -65,7 +65,7 @@ def _is_kind(obj: Any, slot: str) -> bool:
 
         from pipeline.models.registry import is_model_factory
 
-        return (inspect.isclass(obj) and issubclass(obj, torch.nn.Module)) or is_model_factory(obj)
+        return (inspect.isclass(obj) and issubclass(obj, torch.nn.Module)) or is_model_factory(obj) or _user_function(obj)
     if slot == "partitioner":
         from executorch.exir.backend.partitioner import Partitioner
 
@@ -75,3 +75,10 @@ def _is_kind(obj: Any, slot: str) -> bool:
 
         return inspect.isclass(obj) and issubclass(obj, PassBase)
     raise AssertionError(f"unknown slot {slot!r}")
+
+
+def _user_function(obj: Any) -> bool:
+    """Whether `obj` is a function of a module the user trusts (`$PIPELINE_TRUSTED_MODULES`)."""
+    module = getattr(obj, "__module__", None) or ""
+    own = [p for p in trusted_prefixes() if p not in TRUSTED_MODULES]
+    return inspect.isfunction(obj) and f"{module}.".startswith(tuple(own))

@@ -13,10 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from pipeline import runtime_kernels
-from pipeline.config.schema import EXECUTORS, KERNELS
 from pipeline.config.targets import check_prefix, locate
 from pipeline.errors import CompileSpecError, ConfigError
+from pipeline.runtime import library_kernels as runtime_kernels
+from pipeline.runtime.options import EXECUTORS, KERNELS
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Hydra's instantiate keys: the pipeline never hands a config to `hydra.utils.instantiate`, so a
@@ -43,7 +43,6 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
     _check_numbers(cfg)
     for name, m in cfg.model.methods.items():
         _check_method(f"model.methods.{name}", m)
-    _check_compile(cfg, methods)
     _check_cache(cfg)
     _check_instantiate_keys(cfg, "")
     slots = []
@@ -59,6 +58,7 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
             _check_code(entry, slot, where)
         else:
             check_prefix(str(entry._target_), where)
+    _check_compile(cfg, methods)  # last: it reads the config as the schema's objects
 
 
 def _check_targets(cfg: DictConfig, resolve_code: bool) -> None:
@@ -79,7 +79,7 @@ def _check_code(entry: DictConfig, slot: str, where: str) -> None:
 
     target = locate(str(entry._target_), slot, where)
     section: Any = OmegaConf.to_container(entry, resolve=True)
-    kwargs = model_kwargs(target, section) if slot == "model" else dict(section.get("kwargs") or {})
+    kwargs = model_kwargs(target, dict(section.get("kwargs") or {}), int(section["seed"])) if slot == "model" else dict(section.get("kwargs") or {})
     check_kwargs(target, kwargs, where)
     if slot == "model":
         check_no_download(target, kwargs)
@@ -225,11 +225,12 @@ def _check_dynamic(where: str, m: DictConfig) -> None:
 
 def _check_compile(cfg: DictConfig, methods: list[str]) -> None:
     from pipeline.config.objects import compile_spec
+    from pipeline.config.schema import typed
 
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    config = typed(cfg)
     for method in methods:
         try:
-            compile_spec(plain, method)  # type: ignore[arg-type]
+            compile_spec(config, method)
         except (CompileSpecError, TypeError) as exc:
             where = f"compile.per_method.{method}" if method in cfg.compile.per_method else "compile"
             raise ConfigError(f"{where}: {exc}") from exc

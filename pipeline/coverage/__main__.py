@@ -12,8 +12,8 @@ from pathlib import Path
 from pipeline.cli import reported
 from pipeline.coverage.run import run_suite, suite_config, summary
 from pipeline.coverage.suite import select
+from pipeline.engine.compile_spec import PRECISIONS
 from pipeline.errors import ConfigError
-from pipeline.tensorrt.compile_spec import PRECISIONS
 
 
 def main(argv: list[str] | None = None) -> int:

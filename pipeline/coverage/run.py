@@ -31,7 +31,7 @@ log = logging.getLogger("pipeline.coverage")
 def row_key(entry: Entry, precision: str, overrides: Sequence[str] = ()) -> str:
     """What a row depends on: the model's config section, the precision and other config overrides,
     the toolchain and the code."""
-    from pipeline.tensorrt.engine_cache import toolchain_id
+    from pipeline.engine.cache import toolchain_id
 
     parts = [entry.model, precision, *([list(overrides)] if overrides else []), toolchain_id(), _code(), _versions()]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -44,18 +44,25 @@ def suite_config(precision: str, overrides: Sequence[str] = ()) -> Any:
     return compose([*([] if precision == "fp32" else [f"compile.precision={precision}"]), *overrides])
 
 
-def build_row(entry: Entry, precision: str, keep: Path | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Build one suite model into a `.pte` (in `keep`, or a temporary folder) and return its row."""
+def entry_config(entry: Entry, precision: str = "fp32", overrides: Sequence[str] = ()) -> Any:
+    """The validated, typed config (`PipelineConfig`) that builds one suite model."""
     from omegaconf import OmegaConf, open_dict
 
-    from pipeline import steps
-    from pipeline.config.schema import ModelConfig
+    from pipeline.config.schema import ModelConfig, typed
     from pipeline.config.validate import validate
 
     cfg = suite_config(precision, overrides)
     with open_dict(cfg):
         cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), entry.model)
     validate(cfg)
+    return typed(cfg)
+
+
+def build_row(entry: Entry, precision: str, keep: Path | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Build one suite model into a `.pte` (in `keep`, or a temporary folder) and return its row."""
+    from pipeline import steps
+
+    cfg = entry_config(entry, precision, overrides)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="coverage-") as tmp:
         files = steps.run_all(cfg, Path(tmp))
@@ -121,24 +128,31 @@ def run_suite(entries: Iterable[Entry], precision: str, out: Path, jobs: int = 2
             proc.start()
             running.append((entry, key, path, proc, time.monotonic()))
         time.sleep(0.2)
-        for item in list(running):
-            entry, key, path, proc, started = item
-            seconds = time.monotonic() - started
-            if proc.is_alive() and seconds < timeout:
-                continue
-            if proc.is_alive():
-                proc.kill()
-            proc.join()
-            running.remove(item)
-            if proc.exitcode != 0 or not path.exists():
-                why = (f"timed out after {timeout:.0f} s" if seconds >= timeout else
-                       f"crashed ({_exit(proc.exitcode)})")
-                write_json(path, {"key": key, "row": _failed(entry, precision, why, seconds)})
-            rows[entry.name] = json.loads(path.read_text())["row"]
-            log.info("coverage: %s %s", entry.name, _status(rows[entry.name]))
+        _collect(running, rows, precision, timeout)
     ordered = [rows[e.name] for e in dict.fromkeys(entries) if e.name in rows]
     write_table(ordered, precision, out, overrides)
     return ordered
+
+
+def _collect(running: list[tuple[Entry, str, Path, Any, float]], rows: dict[str, dict[str, Any]], precision: str,
+             timeout: float) -> None:
+    """Take the rows of the builds that ended (a build past `timeout` is killed; one that crashed or
+    timed out gets a failed row) out of `running` into `rows`."""
+    for item in list(running):
+        entry, key, path, proc, started = item
+        seconds = time.monotonic() - started
+        if proc.is_alive() and seconds < timeout:
+            continue
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        running.remove(item)
+        if proc.exitcode != 0 or not path.exists():
+            why = (f"timed out after {timeout:.0f} s" if seconds >= timeout else
+                   f"crashed ({_exit(proc.exitcode)})")
+            write_json(path, {"key": key, "row": _failed(entry, precision, why, seconds)})
+        rows[entry.name] = json.loads(path.read_text())["row"]
+        log.info("coverage: %s %s", entry.name, _status(rows[entry.name]))
 
 
 def row_path(out: Path, entry: Entry, precision: str) -> Path:
@@ -222,7 +236,7 @@ def write_table(rows: list[dict[str, Any]], precision: str, out: Path, overrides
 @functools.cache
 def _code() -> str:
     """Digest of the pipeline package's source."""
-    from pipeline.toolchain import source_digest
+    from pipeline.engine.toolchain import source_digest
 
     return source_digest(Path(__file__).resolve().parents[1])
 

@@ -107,7 +107,7 @@ class Decoder(torch.nn.Module):
 
     def __init__(self, model: Any, max_cache_len: int, tokenizer: str | None = None) -> None:  # a PreTrainedModel
         super().__init__()
-        self.tokenizer = tokenizer  # the `pipeline.tokenizer` value the program carries, if any
+        self.tokenizer = tokenizer  # the `pipeline.runtime.tokenizer` value the program carries, if any
         from transformers import GenerationConfig
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
@@ -128,7 +128,7 @@ class Decoder(torch.nn.Module):
     def program_constants(self) -> dict[str, int | str]:
         """Stored in the program as constant methods: what `pipeline.runtime.generate` checks
         against, and the tokenizer it encodes and decodes text with."""
-        from pipeline import tokenizer
+        from pipeline.runtime import tokenizer
 
         return {"max_cache_len": self.max_cache_len, **({tokenizer.METHOD: self.tokenizer} if self.tokenizer else {})}
 
@@ -182,7 +182,7 @@ def decoder(architecture: str | None = None, max_cache_len: int = 0, dtype: str 
             float, a cache of no positions, an attention transformers refuses for the family, a model
             that keeps no KV cache, or a folder whose model transformers cannot build.
     """
-    from pipeline import tokenizer
+    from pipeline.runtime import tokenizer
 
     if folder is None and architecture is None:
         raise ConfigError("pipeline.models.hf.decoder builds from a Hugging Face model folder (model.weights=<folder>) "

@@ -5,7 +5,6 @@ needs no mark. The pipeline seeds every factory's weights; factories need no `se
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -20,8 +19,9 @@ def model_factory(fn: F) -> F:
 
 
 def is_model_factory(obj: Any) -> bool:
-    """Whether a config's `model._target_` may name function `obj`."""
-    return obj in _FACTORIES or is_torchvision_builder(obj) or is_timm_builder(obj) or _user_function(obj)
+    """Whether `obj` is a model factory the project knows: marked `@model_factory`, or a torchvision or
+    timm builder (`config.targets` also takes functions of the modules a user trusts)."""
+    return obj in _FACTORIES or is_torchvision_builder(obj) or is_timm_builder(obj)
 
 
 def is_torchvision_builder(obj: Any) -> bool:
@@ -73,10 +73,3 @@ def _names_a_file(value: Any) -> str | None:
         return value
     return None
 
-
-def _user_function(obj: Any) -> bool:
-    from pipeline.config.targets import TRUSTED_MODULES, trusted_prefixes
-
-    module = getattr(obj, "__module__", None) or ""
-    own = [p for p in trusted_prefixes() if p not in TRUSTED_MODULES]
-    return inspect.isfunction(obj) and f"{module}.".startswith(tuple(own))

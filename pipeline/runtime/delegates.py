@@ -7,10 +7,11 @@ from typing import Any
 
 import torch
 
+from pipeline.delegate import blob
+from pipeline.engine import build_env
+from pipeline.engine.trt_api import available
 from pipeline.errors import RuntimeUnavailableError
-from pipeline.tensorrt import blob, build_env
-from pipeline.tensorrt.engine_runner import EngineRunner
-from pipeline.tensorrt.trt_api import available
+from pipeline.runtime.engine_runner import EngineRunner
 
 
 class TensorRTDelegate:

@@ -1,7 +1,7 @@
 """Programs handed to ExecuTorch's own runtime, with the project's native TensorRT delegate
 (`native/trt/backend.cpp`, built by the install) registered in it.
 
-`load(pte, ptd)` checks both files as `pipeline.runtime.load` does (`pipeline.pte.read`: digests,
+`load(pte, ptd)` checks both files as `pipeline.runtime.load` does (`pipeline.delegate.pte.read`: digests,
 the `.ptd`'s identity, every blob), then loads the program with ExecuTorch 1.4.1's Python runtime:
 `executorch.runtime` for a `.pte` alone (its methods share the program's state, so what prefill
 writes decode reads), `_load_for_executorch(pte, data_path=ptd)` with a `.ptd` (whose methods do
@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from pipeline import record
+from pipeline.delegate import record
+from pipeline.delegate.pte import read
+from pipeline.delegate.tensor_spec import check_call
 from pipeline.errors import RuntimeUnavailableError
-from pipeline.native_library import load_backend
-from pipeline.pte import read
+from pipeline.runtime.native_library import load_backend
+from pipeline.runtime.options import RuntimeOptions
 from pipeline.runtime.program import Program
 from pipeline.runtime.values import state_values
-from pipeline.tensor_spec import check_call
-from pipeline.tensorrt.engine_runner import RuntimeOptions
 
 
 class NativeMethod:
@@ -78,7 +78,9 @@ class ExecuTorchProgram:
         self.options = options
         self.backend = load_backend()
         self._methods: dict[str, NativeMethod] = {}
-        from executorch.extension.pybindings import _portable_lib as lib
+        from pipeline.executorch_api import portable_lib
+
+        lib = portable_lib()
         from executorch.runtime import Runtime
 
         if ptd is None:

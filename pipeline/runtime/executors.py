@@ -8,9 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.config.schema import EXECUTORS
 from pipeline.errors import ConfigError
-from pipeline.tensorrt.engine_runner import RuntimeOptions
+from pipeline.runtime.options import EXECUTORS, RuntimeOptions
 
 __all__ = ["EXECUTORS", "describe", "load_with"]
 

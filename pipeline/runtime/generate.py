@@ -100,14 +100,14 @@ def parse_prompt(text: str) -> torch.Tensor:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.runtime.generate PROGRAM.pte --prompt "Once upon a time" --max-new-tokens 16`:
-    encodes the prompt with the tokenizer the program carries (`pipeline.tokenizer`), prints the
+    encodes the prompt with the tokenizer the program carries (`pipeline.runtime.tokenizer`), prints the
     text as it comes and stops at an end-of-sequence token; with `--prompt-ids "1 5 9"` it takes
     and prints token ids. Then the seconds per token."""
     import argparse
     import time
 
-    from pipeline import tokenizer
     from pipeline.cli import reported
+    from pipeline.runtime import tokenizer
     from pipeline.runtime.executors import EXECUTORS, describe, load_with
 
     parser = argparse.ArgumentParser(prog="python -m pipeline.runtime.generate", description=main.__doc__)

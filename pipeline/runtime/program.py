@@ -11,23 +11,24 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline import dtypes, record
-from pipeline.errors import ArtifactError, PipelineError, RuntimeUnavailableError
-from pipeline.pte import ProgramFile, read
+from pipeline import dtypes
+from pipeline.delegate import blob, record
+from pipeline.delegate.pte import ProgramFile, read, unvouched
+from pipeline.delegate.tensor_spec import TensorSpec, check_call
+from pipeline.errors import RuntimeUnavailableError
 from pipeline.runtime.delegates import TensorRTDelegate, make_delegate
+from pipeline.runtime.engine_runner import LoadedEngine
 from pipeline.runtime.kernels import resolve
-from pipeline.runtime.values import dtype_of, materialise, state_arenas
-from pipeline.tensor_spec import TensorSpec, check_call
-from pipeline.tensorrt import blob
-from pipeline.tensorrt.engine_runner import LoadedEngine, RuntimeOptions
+from pipeline.runtime.method_graph import MethodGraph
+from pipeline.runtime.options import RuntimeOptions
+from pipeline.runtime.values import dtype_of, materialise, reads, state_arenas
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class Method:
                     writes_back.add((call.args[0], call.args[1]))
                     read_later.add(call.args[1])
                 else:
-                    read_later.update(_read(call, self._values))
+                    read_later.update(reads(call, self._values))
             step.donate(writes_back, read_later)
 
     def execute(self, inputs: Sequence[Any], copy_outputs: bool = True) -> list[Any]:
@@ -264,67 +265,6 @@ class Method:
         return [values[i] for i in self._plan.outputs]
 
 
-class MethodGraph:
-    """A method's steps (engines and the kernels between them) as one CUDA graph (the runtime's
-    `method_graph` option). A call with the same input dtypes and shapes as the call before it
-    is captured, and from then on replayed: the inputs are copied into the method's planned memory
-    (nothing, when the caller wrote them there: `Method.input_buffer`) and the graph is launched.
-    Other calls run step by step (the first one, which also compiles the engines' kernels, and
-    whenever shapes change: one execution context is never replayed under another shape). Outputs
-    are the method's planned memory, as with `copy_outputs=False`. A method that cannot be captured
-    (a kernel that waits for the host) runs step by step from then on, with a warning.
-    """
-
-    def __init__(self, method: Method) -> None:
-        self._method = method
-        self._key: Any = None  # the last call's input signature
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._outs: list[Any] = []
-        self._capturable = True
-
-    def run(self, values: list[Any], inputs: Sequence[Any]) -> list[Any]:
-        method = self._method
-        key = tuple((x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else x for x in inputs)
-        if self._graph is not None and key == self._key:
-            method._stage(values, inputs)
-            self._graph.replay()
-            return self._outs
-        if key != self._key or not self._capturable:
-            self._key, self._graph = key, None
-            return method._run(values, inputs)
-        method._stage(values, inputs)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, stream=method.stream):
-                outs = method._execute(values)
-        except (RuntimeError, RuntimeUnavailableError) as exc:
-            self._capturable = False
-            log.warning("method %r cannot be captured as one CUDA graph (%s); it runs step by step", method.name, exc)
-            return method._run(values, inputs)
-        self._graph, self._outs = graph, outs
-        graph.replay()
-        return outs
-
-
-@contextmanager
-def unvouched(file: ProgramFile, where: str) -> Iterator[None]:
-    """For a program read without a record (`verify=False`: nothing vouches for its structure), turn
-    any failure that is not one of ours into one `ArtifactError` naming the file; a program whose
-    record matched is our own writer's output, and its errors stay what they are."""
-    if file.record is not None:
-        yield
-        return
-    try:
-        yield
-    except PipelineError:
-        raise
-    except (IndexError, KeyError, TypeError, AttributeError, ValueError, RuntimeError, OverflowError) as exc:
-        reason = (str(exc).strip().splitlines() or [""])[0]
-        raise ArtifactError(f"{where} was read without a program record (verify=False) and is not a program this "
-                            f"runtime can run ({type(exc).__name__}: {reason}); rebuild it, or load a file written "
-                            "by pipeline.export.save") from exc
-
-
 class Program:
     """A loaded `.pte` program."""
 
@@ -432,19 +372,6 @@ class Program:
             self.stream.synchronize()
 
 
-def _read(call: Any, values: list[Any]) -> set[int]:
-    """The value indices an instruction may read (list values: their items too)."""
-    kind = type(call).__name__
-    if kind == "MoveCall":
-        return {call.move_from}
-    if kind not in ("KernelCall", "DelegateCall"):
-        return set()
-    out = set(call.args)
-    for i in call.args:
-        out.update(getattr(values[i], "items", ()))
-    return out
-
-
 def _constant_plan(plan: Any) -> bool:
     return not plan.inputs and len(plan.outputs) == 1 and not any(c.instructions for c in plan.chains) and type(
         plan.values[plan.outputs[0]].val).__name__ in ("Int", "Bool", "Double", "String")
@@ -453,7 +380,7 @@ def _constant_plan(plan: Any) -> bool:
 def load(pte: str | Path, ptd: str | Path | None = None, options: RuntimeOptions | None = None,
          device: str | None = None, verify: bool = True) -> Program:
     """Load a program; `ptd` supplies externally stored tensors. Both files are checked first
-    (`pipeline.pte.read`): a damaged file, or a `.ptd` from another build, is refused.
+    (`pipeline.delegate.pte.read`): a damaged file, or a `.ptd` from another build, is refused.
 
     Raises:
         ArtifactError: a file is malformed or not the program's own.

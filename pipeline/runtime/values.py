@@ -138,3 +138,16 @@ def state_arenas(plans: list[Any], device: torch.device) -> dict[int, torch.Tens
                     "serialize with shared mutable buffers so the methods share it")
             sizes[place[0]] = max(sizes.get(place[0], 0), int(plan.non_const_buffer_sizes[place[0]]))
     return {i: torch.zeros(size, dtype=torch.uint8, device=device) for i, size in sizes.items()}
+
+
+def reads(call: Any, values: list[Any]) -> set[int]:
+    """The value indices an instruction may read (list values: their items too)."""
+    kind = type(call).__name__
+    if kind == "MoveCall":
+        return {call.move_from}
+    if kind not in ("KernelCall", "DelegateCall"):
+        return set()
+    out = set(call.args)
+    for i in call.args:
+        out.update(getattr(values[i], "items", ()))
+    return out

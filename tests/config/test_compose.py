@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from pipeline.config import objects
-from pipeline.config.compose import CONF_DIR, check_experiment, compose, main, target_config, write_params
+from pipeline.config.compose import CONF_DIR, check_experiment, compose, main, target_config, typed, write_params
 from pipeline.errors import ConfigError
 
 GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in
@@ -19,16 +19,16 @@ GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in
 
 @pytest.mark.parametrize("group, option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_instantiates(group: str, option: str) -> None:
-    cfg = OmegaConf.to_container(compose([f"{group}={option}"]), resolve=True)
+    cfg = typed(compose([f"{group}={option}"]))
     if group == "model" and option.startswith("hf_"):  # built from the user's folder (tests/models/test_checkpoints.py)
         with pytest.raises(ConfigError, match=r"builds from a Hugging Face model folder \(model.weights=<folder>\)"):
             objects.model(cfg)
         return
-    for method, spec in cfg["model"]["methods"].items():
+    for method, spec in cfg.model.methods.items():
         assert objects.compile_spec(cfg, method).method == method
         objects.partitioners(cfg, method)
         objects.transform_passes(cfg, method)
-        assert len(objects.example_inputs(spec, 0)) == len(spec["inputs"])
+        assert len(objects.example_inputs(spec, 0)) == len(spec.inputs)
     if group == "model":
         assert objects.model(cfg) is not None
 
@@ -40,13 +40,13 @@ def test_every_experiment_composes(experiment: str) -> None:
 
 
 def test_every_matrix_target_is_a_whole_config() -> None:
-    cfg = OmegaConf.to_container(compose(["matrix=zoo", "compile.precision=bf16"]), resolve=True)
-    assert sorted(cfg["targets"]) == ["mlp_fp16", "mobilenet_v3_small_fp16", "resnet18_fp16", "tiny_decoder_fp16"]
-    for name in cfg["targets"]:
+    cfg = typed(compose(["matrix=zoo", "compile.precision=bf16"]))
+    assert sorted(cfg.targets) == ["mlp_fp16", "mobilenet_v3_small_fp16", "resnet18_fp16", "tiny_decoder_fp16"]
+    for name in cfg.targets:
         target = target_config(cfg, name)
-        assert target["compile"]["precision"] == "fp16" and target["targets"] == {}
-        assert target["partitioners"] == cfg["partitioners"] and f"{target['model']['name']}_fp16" == name
-        for method in target["model"]["methods"]:
+        assert target.compile.precision == "fp16" and target.targets == {}
+        assert target.partitioners == cfg.partitioners and f"{target.model.name}_fp16" == name
+        for method in target.model.methods:
             assert objects.compile_spec(target, method).precision == "fp16"
     with pytest.raises(ConfigError, match="no build target 'nope'"):
         target_config(cfg, "nope")
@@ -65,13 +65,13 @@ def test_a_dynamic_dim_is_added_or_removed_in_one_line() -> None:
     cfg = compose(["model=resnet18", "+model.methods.forward.dims.batch={min:1,max:16}",
                    "+model.methods.forward.dynamic={0:{0:batch}}", "model.methods.forward.inputs.0.shape=[2,3,224,224]"])
     assert OmegaConf.to_container(cfg.model.methods.forward.dims) == {"batch": {"min": 1, "max": 16}}
-    plain = OmegaConf.to_container(compose(["model.methods.forward.dynamic=null"]), resolve=True)
-    assert objects.dynamic_shapes(plain["model"]["methods"]["forward"], "forward") is None  # the mlp, every dim static
+    plain = typed(compose(["model.methods.forward.dynamic=null"]))
+    assert objects.dynamic_shapes(plain.model.methods["forward"]) is None  # the mlp, every dim static
 
 
 def test_shared_dims_are_one_dim() -> None:
-    cfg = OmegaConf.to_container(compose(["model=tiny_decoder"]), resolve=True)
-    (shapes,) = objects.dynamic_shapes(cfg["model"]["methods"]["decode"], "decode")
+    cfg = typed(compose(["model=tiny_decoder"]))
+    (shapes,) = objects.dynamic_shapes(cfg.model.methods["decode"])
     assert shapes[2][3] is shapes[3][3]
 
 
@@ -86,7 +86,7 @@ def test_committed_params_equal_default_composition() -> None:
     (["partitioners.chain=[{name: xnnpack, _target_: executorch.backends.xnnpack.partition.xnnpack_partitioner.XnnpackPartitioner}, {name: tensorrt}]"],
      ConfigError, "must start with `- name: tensorrt`"),
     (["+compile.per_method={decode: {precision: fp16}}"], ConfigError, r"unknown method\(s\) \['decode'\]"),
-    (["transforms=dead_code", "++transforms.passes={prefill: [{_target_: pipeline.transforms.RemoveDeadCode}]}"],
+    (["transforms=dead_code", "++transforms.passes={prefill: [{_target_: pipeline.lowering.transforms.RemoveDeadCode}]}"],
      ConfigError, r"unknown method\(s\) \['prefill'\]"),
     (["++transforms.passes={forward: [{_target_: os.system}]}"], ConfigError, "'os.system' is outside the trusted modules"),
     (["model.init=zeros"], ConfigError, r"model.init = 'zeros' is not one of \['factory', 'every_layer'\]"),

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.errors import ConfigError
 from pipeline.models.checkpoint import digests
 from pipeline.models.mlp import MLP
@@ -35,7 +34,7 @@ def trained_mlp() -> MLP:
 
 
 def built(*overrides: str) -> torch.nn.Module:
-    return objects.model(OmegaConf.to_container(compose(["model=mlp", *overrides]), resolve=True))  # type: ignore[arg-type]
+    return objects.model(typed(compose(["model=mlp", *overrides])))  # type: ignore[arg-type]
 
 
 def save_sharded(state: dict[str, torch.Tensor], folder: Path) -> Path:
@@ -185,13 +184,12 @@ def test_a_model_folder_builds_its_decoder_and_generates_text(tmp_path: Path) ->
     import transformers
     from torch.export import Dim
 
-    from pipeline.compile import export_method
-    from pipeline.export import save
+    from pipeline.lowering.compile import export_method
+    from pipeline.lowering.serialize import save
     from pipeline.models.decoder import MethodView
 
     folder = hf_folder(tmp_path / "llama")
-    cfg = OmegaConf.to_container(compose(["model=hf_decoder", f"model.weights={folder}", "model.kwargs.max_cache_len=48"]),
-                                 resolve=True)
+    cfg = typed(compose(["model=hf_decoder", f"model.weights={folder}", "model.kwargs.max_cache_len=48"]))
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     tokens = torch.randint(0, 300, (1, 6))
     with torch.no_grad():  # (an eager step writes the cache: the program is exported from a fresh build)
@@ -230,8 +228,7 @@ def test_model_folders_run_no_code_and_name_what_they_lack(tmp_path: Path) -> No
     def refused(changed: dict[str, object], *overrides: str) -> str:
         (folder / "config.json").write_text(json.dumps({**config, **changed}))
         with pytest.raises(ConfigError) as err:
-            objects.model(OmegaConf.to_container(compose(["model=hf_decoder", f"model.weights={folder}", *overrides]),  # type: ignore[arg-type]
-                                                 resolve=True))
+            objects.model(typed(compose(["model=hf_decoder", f"model.weights={folder}", *overrides])))
         return str(err.value)
 
     assert "names code of its own (auto_map" in refused({"auto_map": {"AutoConfig": "mine.Config"}})
@@ -255,7 +252,7 @@ def test_a_model_folder_builds_its_encoder(tmp_path: Path) -> None:
     torch.manual_seed(3)
     transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                    intermediate_size=64, vocab_size=100)).save_pretrained(tmp_path / "bert")
-    cfg = OmegaConf.to_container(compose(["model=hf_encoder", f"model.weights={tmp_path / 'bert'}"]), resolve=True)
+    cfg = typed(compose(["model=hf_encoder", f"model.weights={tmp_path / 'bert'}"]))
     encoder = objects.model(cfg)  # type: ignore[arg-type]
     reference = transformers.AutoModel.from_pretrained(tmp_path / "bert", local_files_only=True, attn_implementation="eager").eval()
     tokens = torch.randint(0, 100, (1, 16))
@@ -274,7 +271,7 @@ def test_a_model_folder_built_to_engines_generates_transformers_text(tmp_path: P
     from pipeline.steps import run_all
 
     folder = hf_folder(tmp_path / "llama")
-    files = run_all(OmegaConf.to_container(compose(["model=hf_decoder", f"model.weights={folder}"]), resolve=True),  # type: ignore[arg-type]
+    files = run_all(typed(compose(["model=hf_decoder", f"model.weights={folder}"])),  # type: ignore[arg-type]
                     tmp_path / "build")
     prompt = "the cat sat on"
     run = subprocess.run([sys.executable, "-m", "pipeline.runtime.generate", str(files["pte"]), "--prompt", prompt,

@@ -2,13 +2,12 @@
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.errors import ConfigError
 from pipeline.models.weights import show_every_layer
-from pipeline.validate import constant_output
+from pipeline.steps.validate import constant_output
 
 
 class Hidden(torch.nn.Module):
@@ -53,9 +52,8 @@ def test_every_layer_sets_only_what_hides_a_layer() -> None:
 def test_every_layer_makes_the_blocks_of_timm_resnets_count(init: str) -> None:
     """timm zero-initialises each residual branch's last norm: with the factory's weights every block
     is the identity, and a wrong convolution inside one would not change the output."""
-    cfg = OmegaConf.to_container(compose(["model._target_=timm.create_model", "+model.kwargs.model_name=resnet18",
-                                          f"model.init={init}", "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"]),
-                                 resolve=True)
+    cfg = typed(compose(["model._target_=timm.create_model", "+model.kwargs.model_name=resnet18",
+                                          f"model.init={init}", "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"]))
     model, again = objects.model(cfg), objects.model(cfg)
     assert all(bool((a == b).all()) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
     x = torch.randn(1, 3, 64, 64)
@@ -70,10 +68,10 @@ def test_every_layer_makes_the_blocks_of_timm_resnets_count(init: str) -> None:
 def test_every_layer_calibrates_batch_norms(init: str) -> None:
     """A fresh batch norm's statistics (0 and 1) let ShuffleNet's activations fade until its output
     hardly depends on the input; calibrated on example inputs, the output follows the input."""
-    cfg = OmegaConf.to_container(compose(["model._target_=torchvision.models.shufflenet_v2_x0_5", f"model.init={init}",
-                                          "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"]), resolve=True)
+    cfg = typed(compose(["model._target_=torchvision.models.shufflenet_v2_x0_5", f"model.init={init}",
+                                          "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"]))
     model = objects.model(cfg)
-    spec = cfg["model"]["methods"]["forward"]
+    spec = cfg.model.methods["forward"]
     with torch.no_grad():
         first, second = model(*objects.example_inputs(spec, 1)), model(*objects.example_inputs(spec, 2))
     moved = float((first - second).abs().max() / first.abs().max())
@@ -84,8 +82,8 @@ def test_every_layer_calibrates_batch_norms(init: str) -> None:
 
 
 def test_a_model_that_cannot_take_a_stacked_batch_is_named() -> None:
-    cfg = OmegaConf.to_container(compose(["model._target_=torchvision.models.shufflenet_v2_x0_5", "model.init=every_layer",
-                                          "model.methods.forward.inputs=[{shape: [3, 64, 64]}]"]), resolve=True)
+    cfg = typed(compose(["model._target_=torchvision.models.shufflenet_v2_x0_5", "model.init=every_layer",
+                                          "model.methods.forward.inputs=[{shape: [3, 64, 64]}]"]))
     with pytest.raises(ConfigError, match="model.init=every_layer calibrates batch norms on 8 example inputs of method "
                                           "'forward' stacked on dim 0, which the model cannot take"):
         objects.model(cfg)
@@ -95,13 +93,12 @@ def test_a_model_that_cannot_take_a_stacked_batch_is_named() -> None:
 def test_every_layer_makes_queries_and_keys_count(init: str) -> None:
     """At BERT's N(0, 0.02) weights every attention row is near uniform, so a wrong query or key
     projection barely moves the output; at 1/sqrt(fan_in) it does."""
-    cfg = OmegaConf.to_container(compose(["model._target_=pipeline.models.hf.encoder", f"model.init={init}",
+    cfg = typed(compose(["model._target_=pipeline.models.hf.encoder", f"model.init={init}",
                                           "+model.kwargs={architecture: bert, hidden_size: 128, num_hidden_layers: 2, "
                                           "num_attention_heads: 2, intermediate_size: 512}",
-                                          "model.methods.forward.inputs=[{shape: [2, 32], dtype: int64, high: 1000}]"]),
-                                 resolve=True)
+                                          "model.methods.forward.inputs=[{shape: [2, 32], dtype: int64, high: 1000}]"]))
     model = objects.model(cfg)
-    tokens = objects.example_inputs(cfg["model"]["methods"]["forward"], 1)
+    tokens = objects.example_inputs(cfg.model.methods["forward"], 1)
     query = model.model.encoder.layer[0].attention.self.query.weight
     with torch.no_grad():
         before = model(*tokens)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from pipeline import dtypes
+from pipeline.delegate import blob
 from pipeline.errors import BlobFormatError
-from pipeline.tensorrt import blob
 
 NATIVE = Path(__file__).resolve().parents[2] / "native"
 

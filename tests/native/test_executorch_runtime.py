@@ -11,18 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from pipeline.compile import export_method
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
+from pipeline.delegate.input_values import set_input_values, value_bounds
 from pipeline.errors import RuntimeUnavailableError
-from pipeline.export import save
-from pipeline.input_values import set_input_values, value_bounds
+from pipeline.lowering.compile import export_method
+from pipeline.lowering.serialize import save
 from pipeline.models.decoder import MethodView
-from pipeline.native_library import load_backend, run_runner, runner_env, runner_path
 from pipeline.runtime import executorch_runtime, generate
+from pipeline.runtime.native_library import load_backend, run_runner, runner_env, runner_path
 from pipeline.steps import run_all
-from pipeline.validate import validate_program
+from pipeline.steps.validate import validate_program
 from tests.helpers import GPU
 
 VOCAB, CACHE = 16, 32
@@ -71,7 +70,7 @@ def refusal(result: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The mlp built whole into a TensorRT engine (on the CPU), its engine in a `.ptd`."""
-    cfg = OmegaConf.to_container(compose(["model=mlp", "serialize=external"]), resolve=True)
+    cfg = typed(compose(["model=mlp", "serialize=external"]))
     return run_all(cfg, tmp_path_factory.mktemp("mlp"))
 
 
@@ -190,7 +189,7 @@ def test_the_runner_generates_from_half_precision_logits(dtype: torch.dtype, tmp
 
 def test_validate_and_generate_run_either_runtime_and_say_which(mlp: dict[str, Path], counter: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = OmegaConf.to_container(compose(["model=mlp", "serialize=external", "runtime.executor=executorch"]), resolve=True)
+    cfg = typed(compose(["model=mlp", "serialize=external", "runtime.executor=executorch"]))
     forward = validate_program(cfg, mlp["pte"], mlp["ptd"])["methods"]["forward"]
     if not GPU:  # the program loads in ExecuTorch's runtime; its engine needs a GPU
         assert forward["runtime"] is None and "this machine has no CUDA driver" in forward["reason"]

@@ -10,16 +10,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.errors import InputError, RuntimeUnavailableError
-from pipeline.native_library import load_backend, run_runner
 from pipeline.runtime import executorch_runtime, load
 from pipeline.runtime.generate import generate
+from pipeline.runtime.native_library import load_backend, run_runner
+from pipeline.runtime.options import RuntimeOptions
 from pipeline.steps import run_all
-from pipeline.tensorrt.engine_runner import RuntimeOptions
 from tests.helpers import GPU, LEGACY_TR01, MODEL_TOLERANCE, assert_close, assert_not_degenerate, legacy_tr01_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")]
@@ -41,7 +40,7 @@ LAYOUTS = [("fp32", "default"), ("fp32", "external"), ("fp16", "default"), ("fp1
 
 
 def _cfg(*overrides: str) -> dict[str, Any]:
-    return OmegaConf.to_container(compose(list(overrides)), resolve=True)  # type: ignore[return-value]
+    return typed(compose(list(overrides)))  # type: ignore[return-value]
 
 
 def _runner_outputs(files: dict[str, Path], method: str, inputs: list[torch.Tensor], tmp: Path, *flags: str) -> list[np.ndarray]:
@@ -63,10 +62,10 @@ def test_zoo_programs_run_in_executorchs_runtime(model: str, precision: str, ser
     files = run_all(cfg, tmp_path)
     ours = load(files["pte"], files.get("ptd"))
     module = objects.model(cfg)
-    for method, spec in cfg["model"]["methods"].items():
+    for method, spec in cfg.model.methods.items():
         inputs = list(objects.example_inputs(spec, 1))
         with torch.no_grad():
-            refs = getattr(module, spec["function"])(*inputs)
+            refs = getattr(module, spec.function)(*inputs)
         refs = list(refs) if isinstance(refs, (tuple, list)) else [refs]
         expected = [o.cpu() for o in ours.method(method).execute(inputs)]
         runs = {"runner": _runner_outputs(files, method, inputs, tmp_path),
@@ -105,7 +104,7 @@ def test_the_runner_generates_what_pipeline_runtime_generates(model: str, overri
     keeps the runtime config it was made from)."""
     cfg = _cfg(f"model={model}", *overrides)
     files = run_all(cfg, tmp_path)
-    vocab = int(cfg["model"]["kwargs"]["vocab_size"])
+    vocab = int(cfg.model.kwargs["vocab_size"])
     prompt = torch.randint(0, vocab, (1, 9), generator=torch.Generator().manual_seed(3))
     new = generate(load(files["pte"]), prompt, 12)[0, prompt.shape[1]:].tolist()
     for graph in ([], ["--cuda-graph"], ["--method-graph"]):
@@ -125,7 +124,7 @@ def test_decoder_state_stays_on_the_device_teacher_forced(model: str, tmp_path: 
     cfg = _cfg(f"model={model}")
     files = run_all(cfg, tmp_path)
     ours, native = load(files["pte"]), executorch_runtime.load(files["pte"])
-    vocab = int(cfg["model"]["kwargs"]["vocab_size"])
+    vocab = int(cfg.model.kwargs["vocab_size"])
     prompt = torch.randint(0, vocab, (1, 9), generator=torch.Generator().manual_seed(3))
     start = torch.zeros(1, dtype=torch.int64)
     logits = [(ours.method("prefill").execute([prompt.cuda(), start.cuda()])[0].cpu(),

@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch.export import Dim
 
-from pipeline.compile import compile_method
-from pipeline.export import export, save, write_program
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.lowering.compile import compile_method
+from pipeline.lowering.export import export
+from pipeline.lowering.serialize import save, write_program
 
 BATCH = Dim("batch", min=1, max=16)
 
@@ -22,7 +23,7 @@ def linear(seed: int, features: int = 8) -> torch.nn.Module:
 def portable(path: Path, seed: int = 0, features: int = 8) -> dict[str, Path]:
     """A program of portable kernels (batch 1..16) with its weights in `<path>.ptd`."""
     ep = torch.export.export(linear(seed, features), (torch.randn(4, features),), dynamic_shapes=({0: BATCH},))
-    return write_program(export(ep), path, external_data=True)
+    return write_program(export(ep).manager, path, external_data=True)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
 
-from pipeline import pte, record
+from pipeline.delegate import pte, record
 from pipeline.errors import ArtifactError, BlobFormatError
 from pipeline.runtime import load
 from tests.reliability.conftest import linear, portable

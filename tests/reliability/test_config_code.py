@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from pipeline.cli import check_arguments
 from pipeline.config import objects
-from pipeline.config.compose import compose, read_params, write_params
+from pipeline.config.compose import compose, read_params, typed, write_params
+from pipeline.config.schema import MethodSpec
 from pipeline.config.targets import ENV
 from pipeline.errors import ConfigError
 
@@ -130,12 +131,12 @@ def test_composed_params_cannot_widen_the_trusted_modules(tmp_path: Path) -> Non
     (_chain("pipeline.steps.run_all"), "is a function, but this slot takes an ExecuTorch Partitioner"),
     ("++transforms.passes={forward: [{_target_: pipeline.models.mlp.MLP}]}", "is a class MLP, but this slot takes a graph pass class"),
     ("++transforms.passes={forward: [{_target_: " + XNNPACK + "}]}", "this slot takes a graph pass class"),
-    ("model._target_=pipeline.steps.manifest", "is a function, but this slot takes an nn.Module class, a model factory"),
-    ("model._target_=pipeline.transforms.RemoveDeadCode", "this slot takes an nn.Module class"),
+    ("model._target_=pipeline.steps.serialize.manifest", "is a function, but this slot takes an nn.Module class, a model factory"),
+    ("model._target_=pipeline.lowering.transforms.RemoveDeadCode", "this slot takes an nn.Module class"),
     ("model._target_=os.system", "outside the trusted modules"),
     ("+model.kwargs.inner={_target_: pipeline.files.write_json}", "only model, partitioners and transforms entries name code"),
     ("+model.kwargs.bogus=1", r"model._target_ = 'mlp' does not take the kwargs \['bogus', 'seed'\]"),
-    ("++transforms.passes={forward: [{_target_: pipeline.transforms.RemoveDeadCode, kwargs: {x: 1}}]}", "does not take the kwargs"),
+    ("++transforms.passes={forward: [{_target_: pipeline.lowering.transforms.RemoveDeadCode, kwargs: {x: 1}}]}", "does not take the kwargs"),
 ])
 def test_each_slot_takes_only_its_kind(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -149,27 +150,25 @@ def test_trusted_modules_come_from_the_environment(tmp_path: Path, monkeypatch: 
     with pytest.raises(ConfigError, match="outside the trusted modules"):
         compose(["model._target_=mymodels.Tiny"])
     monkeypatch.setenv(ENV, "mymodels")
-    cfg = OmegaConf.to_container(compose(["model._target_=mymodels.Tiny"]), resolve=True)
+    cfg = typed(compose(["model._target_=mymodels.Tiny"]))
     assert objects.model(cfg).out_features == 3
 
 
 def test_torchvision_builders_take_a_seed_and_never_download() -> None:
-    cfg = OmegaConf.to_container(compose(["model._target_=torchvision.models.resnet18", "+model.kwargs.num_classes=7"]),
-                                 resolve=True)
+    cfg = typed(compose(["model._target_=torchvision.models.resnet18", "+model.kwargs.num_classes=7"]))
     first, second = objects.model(cfg), objects.model(cfg)
     assert first.fc.out_features == 7 and bool((first.fc.weight == second.fc.weight).all())
-    cfg["model"]["kwargs"]["weights"] = "DEFAULT"
+    cfg.model.kwargs["weights"] = "DEFAULT"
     with pytest.raises(ConfigError, match="nothing is read or downloaded"):
         objects.model(cfg)
 
 
 def test_plain_factories_timm_and_the_users_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = OmegaConf.to_container(compose(["model._target_=timm.create_model", "+model.kwargs.model_name=lcnet_050",
-                                          "+model.kwargs.num_classes=5", "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"]),
-                                 resolve=True)
+    cfg = typed(compose(["model._target_=timm.create_model", "+model.kwargs.model_name=lcnet_050",
+                                          "+model.kwargs.num_classes=5", "model.methods.forward.inputs=[{shape: [2, 3, 64, 64]}]"]))
     first, second = objects.model(cfg), objects.model(cfg)  # seeded by the pipeline: the same weights twice
     assert all(bool((a == b).all()) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
-    cfg["model"]["kwargs"]["pretrained"] = True
+    cfg.model.kwargs["pretrained"] = True
     with pytest.raises(ConfigError, match="pretrained weights; builds use seeded random weights"):
         objects.model(cfg)
     (tmp_path / "userzoo.py").write_text("import torch\ndef make(width):\n    return torch.nn.Linear(64, width)\n")
@@ -177,15 +176,15 @@ def test_plain_factories_timm_and_the_users_own(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(ConfigError, match="outside the trusted modules"):
         compose(["model._target_=userzoo.make", "+model.kwargs.width=3"])
     monkeypatch.setenv(ENV, "userzoo")
-    cfg = OmegaConf.to_container(compose(["model._target_=userzoo.make", "+model.kwargs.width=3"]), resolve=True)
+    cfg = typed(compose(["model._target_=userzoo.make", "+model.kwargs.width=3"]))
     assert objects.model(cfg).out_features == 3
 
 
 @pytest.mark.parametrize("function", ["load_state_dict", "_apply", "__reduce__", "state_dict", "nothing_here"])
 def test_method_functions_are_the_models_own_public_methods(function: str) -> None:
-    cfg = OmegaConf.to_container(compose(["model=tiny_decoder"]), resolve=True)
+    cfg = typed(compose(["model=tiny_decoder"]))
     with pytest.raises(ConfigError, match="is not a public method of TinyDecoder"):
-        objects.method_module(objects.model(cfg), {"function": function})
+        objects.method_module(objects.model(cfg), MethodSpec(function=function))
 
 
 def test_write_params_is_not_reached_by_a_bad_config(tmp_path: Path) -> None:

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import pte
+from pipeline.delegate import blob, pte
 from pipeline.errors import ArtifactError
-from pipeline.tensorrt import blob
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 

@@ -15,8 +15,8 @@ import torch
 from executorch.exir._serialize.generated.executorch_flatbuffer import Chain, ExecutionPlan, Instruction, Program
 from hypothesis import HealthCheck, given, settings
 
-from pipeline import pte, record
 from pipeline.config.compose import read_params
+from pipeline.delegate import pte, record
 from pipeline.errors import ArtifactError, ConfigError, PipelineError
 from pipeline.runtime import load
 from tests.reliability.test_fuzz import _mutate, mutations

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import pte
+from pipeline.delegate import blob, pte
 from pipeline.errors import InputError
 from pipeline.runtime import load
-from pipeline.tensorrt import blob
 from tests.helpers import GPU
 from tests.reliability.conftest import linear
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.compile import compile_method
 from pipeline.errors import ArtifactError
-from pipeline.intermediates import load_edge, load_exported, save_exported
+from pipeline.lowering.compile import compile_method
+from pipeline.steps.intermediates import load_edge, load_exported, save_exported
 from tests.reliability.conftest import linear
 
 
@@ -103,12 +103,12 @@ def test_edge_loader_is_weights_only(tmp_path: Path) -> None:
 def test_edge_engines_are_kept_beside_the_program_once(tmp_path: Path) -> None:
     """ExecuTorch's serde would write each engine into the `.edge` JSON as base64, twice: the stage
     writes it beside, by content, once for every method that calls it, and reads it back checked."""
-    from pipeline.export import export
-    from pipeline.intermediates import DATA, save_edge
+    from pipeline.lowering.export import export
+    from pipeline.steps.intermediates import DATA, save_edge
 
     layer = torch.nn.Linear(640, 640)
     programs = {m: compile_method(layer, (torch.randn(2, 640),), method=m) for m in ("a", "b")}
-    manager = export(programs)
+    manager = export(programs).manager
     (mine,) = [c for _, c in manager.exported_program("a").graph_module.named_children() if hasattr(c, "original_module")]
     engine = bytes(mine.named_data_store_output.buffers[0])
     save_edge(manager, ["a", "b"], tmp_path)

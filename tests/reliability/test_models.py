@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from pipeline.compile import compile_method, export_method
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.errors import ConfigError, ExportError
-from pipeline.export import save
+from pipeline.lowering.compile import compile_method, export_method
+from pipeline.lowering.serialize import save
 from pipeline.runtime import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["model=llama_tiny", "model.kwargs.num_attention_heads=3"], "failed to build the model"),
 ])
 def test_kwargs_the_model_cannot_take_are_one_line(overrides: list[str], message: str) -> None:
-    cfg = OmegaConf.to_container(compose(overrides), resolve=True)
+    cfg = typed(compose(overrides))
     with pytest.raises(ConfigError, match=message) as caught:
         objects.model(cfg)  # type: ignore[arg-type]
     assert "\n" not in str(caught.value)

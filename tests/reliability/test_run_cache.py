@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
 
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.steps import run_all
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +24,7 @@ def _hashes(root: Path) -> dict[str, str]:
 
 
 def test_two_builds_are_byte_identical(tmp_path: Path) -> None:
-    cfg: Any = OmegaConf.to_container(compose(["serialize=external"]), resolve=True)
+    cfg: Any = typed(compose(["serialize=external"]))
     run_all(cfg, tmp_path / "a")
     run_all(cfg, tmp_path / "b")
     first, second = _hashes(tmp_path / "a"), _hashes(tmp_path / "b")
@@ -36,7 +35,7 @@ def test_engines_and_their_inputs_keep_one_order(tmp_path: Path) -> None:
     # TensorRT-RTX 1.6 serializes some engines with dynamic dims differently from one build to the
     # next (tiny_decoder's decode: same network, two builds in one process, different bytes; see
     # docs/reliability.md), so the decoder's check is on the statically shaped method.
-    cfg: Any = OmegaConf.to_container(compose(["model=tiny_decoder"]), resolve=True)
+    cfg: Any = typed(compose(["model=tiny_decoder"]))
     run_all(cfg, tmp_path / "a")
     run_all(cfg, tmp_path / "b")
     first, second = _hashes(tmp_path / "a"), _hashes(tmp_path / "b")

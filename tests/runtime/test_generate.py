@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.export import Dim
 
-from pipeline.compile import export_method
 from pipeline.errors import InputError
-from pipeline.export import save
+from pipeline.lowering.compile import export_method
+from pipeline.lowering.serialize import save
 from pipeline.models.decoder import MethodView
 from pipeline.models.hf import decoder
 from pipeline.runtime import load

@@ -8,35 +8,34 @@ from typing import Any
 import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
-from omegaconf import OmegaConf
 
 from pipeline.config import objects
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
 from pipeline.errors import ArtifactError, InputError, RuntimeUnavailableError
-from pipeline.export import write_program
+from pipeline.lowering.serialize import write_program
 from pipeline.runtime import load
+from pipeline.runtime.options import RuntimeOptions
 from pipeline.steps import run_all
-from pipeline.tensorrt.engine_runner import RuntimeOptions
 from tests.helpers import GPU, LEGACY_TR01, MODEL_TOLERANCE, assert_close, assert_not_degenerate, legacy_tr01_case
 
 ZOO = ["mlp", "mobilenet_v3_small", "resnet18", "tiny_decoder"]
 
 
 def _cfg(*overrides: str) -> dict[str, Any]:
-    return OmegaConf.to_container(compose(list(overrides)), resolve=True)  # type: ignore[return-value]
+    return typed(compose(list(overrides)))  # type: ignore[return-value]
 
 
 def _methods(model: str) -> list[tuple[str, str]]:
-    return [(model, m) for m in _cfg(f"model={model}")["model"]["methods"]]
+    return [(model, m) for m in _cfg(f"model={model}").model.methods]
 
 
 @pytest.mark.parametrize("model, method", [mm for model in ZOO for mm in _methods(model)])
 def test_equals_executorch_runtime_on_cpu(model: str, method: str, tmp_path: Path) -> None:
     cfg = _cfg(f"model={model}")
-    spec = cfg["model"]["methods"][method]
+    spec = cfg.model.methods[method]
     module = objects.method_module(objects.model(cfg), spec)
     inputs = objects.example_inputs(spec, 0)
-    ep = torch.export.export(module, inputs, dynamic_shapes=objects.dynamic_shapes(spec, spec["function"]))
+    ep = torch.export.export(module, inputs, dynamic_shapes=objects.dynamic_shapes(spec))
     path = tmp_path / "p.pte"
     write_program(to_edge_transform_and_lower(ep), path)  # with the pipeline's record, which ExecuTorch loads too
     from executorch.runtime import Runtime  # ExecuTorch's own runtime: CPU only, absent on the GPU machine
@@ -124,11 +123,11 @@ def test_zoo_pte_matches_eager_on_gpu(model: str, precision: str, serialize: str
     assert ("ptd" in files) == (serialize == "external")
     program = load(files["pte"], files.get("ptd"))
     module = objects.model(cfg)
-    for method, spec in cfg["model"]["methods"].items():
+    for method, spec in cfg.model.methods.items():
         inputs = objects.example_inputs(spec, 1)
         outs = program.method(method).execute(list(inputs))
         with torch.no_grad():
-            refs = getattr(module, spec["function"])(*inputs)
+            refs = getattr(module, spec.function)(*inputs)
         refs = list(refs) if isinstance(refs, (tuple, list)) else [refs]
         for out, ref in zip(outs, refs):
             assert_not_degenerate(ref)

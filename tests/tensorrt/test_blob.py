@@ -10,9 +10,9 @@ import pytest
 import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-from pipeline import dtypes, pte
+from pipeline import dtypes
+from pipeline.delegate import blob, pte
 from pipeline.errors import BlobFormatError, CompileSpecError
-from pipeline.tensorrt import blob
 
 META = blob.BlobMetadata(io_bindings=(
     blob.IOBinding("x", "float32", (-1, 3, 224, 224), True, (1, 3, 224, 224), (8, 3, 224, 224)),
@@ -128,7 +128,7 @@ def test_compile_spec_bytes() -> None:
 def test_in_place_outputs_name_their_input() -> None:
     """An output written in place (a KV cache) names the input whose memory it shares; the runner
     refuses a name the engine has no matching input for."""
-    from pipeline.tensorrt.engine_runner import _aliases
+    from pipeline.runtime.engine_runner import _aliases
 
     cache = blob.IOBinding("cache", "float16", (1, 2, 8, 4), True)
     meta = blob.BlobMetadata(io_bindings=(cache, blob.IOBinding("output_0", "float16", (1, 2, 8, 4), False, aliases="cache")))

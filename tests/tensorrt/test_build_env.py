@@ -7,19 +7,18 @@ from typing import Any
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from pipeline import toolchain
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
+from pipeline.delegate import blob
+from pipeline.engine import build_env, toolchain
+from pipeline.engine.builder import build_engine
+from pipeline.engine.cache import EngineCache, toolchain_id
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.trt_api import flavour
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.runtime import load
+from pipeline.runtime.engine_runner import EngineRunner
 from pipeline.steps import run_all
-from pipeline.tensorrt import blob, build_env
-from pipeline.tensorrt.builder import build_engine
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.engine_cache import EngineCache, toolchain_id
-from pipeline.tensorrt.engine_runner import EngineRunner
-from pipeline.tensorrt.trt_api import flavour
 from tests.helpers import GPU
 
 rtx = pytest.mark.skipif(not flavour().is_rtx, reason="TensorRT-RTX keeps the variable in its engines")
@@ -89,7 +88,7 @@ def test_other_override_is_refused_in_one_line(recorded: str, here: str, message
 def test_program_built_without_the_override_is_refused_where_it_is_set(monkeypatch: pytest.MonkeyPatch,
                                                                        tmp_path: Path) -> None:
     monkeypatch.delenv(build_env.VARIABLE, raising=False)
-    cfg: dict[str, Any] = OmegaConf.to_container(compose(["model=mlp"]), resolve=True)  # type: ignore[assignment]
+    cfg: dict[str, Any] = typed(compose(["model=mlp"]))  # type: ignore[assignment]
     files = run_all(cfg, tmp_path)
     monkeypatch.setenv(build_env.VARIABLE, "0")
     with pytest.raises(RuntimeUnavailableError, match=r"^this program's TensorRT engine [0-9a-f]{12} was built with "

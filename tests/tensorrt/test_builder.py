@@ -7,13 +7,14 @@ import pytest
 import torch
 from torch.export import Dim
 
+from pipeline.engine import build_env
+from pipeline.engine.builder import build_engine, builder_config, compute_capability_enum, optimization_profiles
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.network import define_network
+from pipeline.engine.trt_api import flavour, trt
 from pipeline.errors import CompileSpecError, RuntimeUnavailableError, UnsupportedOperatorError
-from pipeline.tensorrt import build_env
-from pipeline.tensorrt.builder import build_engine, builder_config, compute_capability_enum, optimization_profiles
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.engine_runner import EngineRunner, LoadedEngine, RuntimeOptions
-from pipeline.tensorrt.network import define_network
-from pipeline.tensorrt.trt_api import flavour, trt
+from pipeline.runtime.engine_runner import EngineRunner, LoadedEngine
+from pipeline.runtime.options import RuntimeOptions
 from tests.helpers import GPU, Fn, lower, tensorrt_blobs
 
 
@@ -141,7 +142,7 @@ def test_partitioner_maps_input_ranges_to_engine_profile() -> None:
     batch = Dim("batch", min=1, max=64)
     spec = TensorRTCompileSpec(dynamic_shapes={"xs_0": {0: (2, 6, 10)}})
     edge, _ = lower(Fn(lambda m, x: torch.relu(x) * 2), (torch.randn(4, 3),), spec, dynamic_shapes=(({0: batch},),))
-    from pipeline.tensorrt import blob
+    from pipeline.delegate import blob
 
     assert blob.decode(tensorrt_blobs(edge)[0])[0].inputs[0].shape == (-1, 3)
     with pytest.raises(CompileSpecError, match="names input 'y', but the program's inputs are"):
@@ -234,7 +235,7 @@ def test_an_address_tensorrt_refuses_is_an_error_not_the_last_input() -> None:
 def test_runtime_cache_is_shared_by_engines_and_written_back(tmp_path: Path) -> None:
     """Every engine of a process compiles its kernels into the one cache of `runtime_cache_path`;
     `save_runtime_caches` (run at exit) writes it, and a later runner starts from it."""
-    from pipeline.tensorrt import engine_runner
+    from pipeline.runtime import engine_runner
 
     path = str(tmp_path / "kernels.bin")
     options = RuntimeOptions(runtime_cache_path=path)

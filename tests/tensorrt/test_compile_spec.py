@@ -2,8 +2,8 @@
 
 import pytest
 
+from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import CompileSpecError
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 
 FULL = TensorRTCompileSpec(
     precision="bf16", allow_tf32=False, optimization_level=5, workspace_bytes=1 << 28, min_block_size=3,

@@ -4,10 +4,10 @@ ids, masks, relative-position tables, standardized weights) becomes a constant b
 import pytest
 import torch
 
-from pipeline.compile import compile_method
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.constant_fold import fold_constants
-from pipeline.tensorrt.engine_op import is_engine_call
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.lowering.compile import compile_method
+from pipeline.lowering.constant_fold import fold_constants
+from pipeline.runtime.engine_op import is_engine_call
 from tests.helpers import GPU, assert_close
 
 

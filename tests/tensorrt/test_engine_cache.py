@@ -9,16 +9,15 @@ from typing import Any
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from pipeline.compile import compile_method
-from pipeline.config.compose import compose
+from pipeline.config.compose import compose, typed
+from pipeline.delegate import blob
+from pipeline.engine.cache import EngineCache, Entry
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.network import graph_source
+from pipeline.lowering.compile import compile_method
+from pipeline.runtime.engine_op import is_engine_call
 from pipeline.steps import run_compile
-from pipeline.tensorrt import blob
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.engine_cache import EngineCache, Entry
-from pipeline.tensorrt.engine_op import is_engine_call
-from pipeline.tensorrt.network import graph_source
 
 X = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
 
@@ -157,12 +156,12 @@ def test_any_fsspec_url(tmp_path: Path, scheme: str) -> None:
 
 
 def test_compile_step_reports_hits_and_misses(tmp_path: Path) -> None:
-    cfg: Any = OmegaConf.to_container(compose([f"cache.url={tmp_path / 'engines'}"]), resolve=True)
+    cfg: Any = typed(compose([f"cache.url={tmp_path / 'engines'}"]))
     label = "engine 1/1 of method 'forward'"
     assert run_compile(cfg, tmp_path / "a")["engine_cache"] == {"hits": 0, "misses": 1, "engines": {label: "miss"}}
     assert run_compile(cfg, tmp_path / "b")["engine_cache"] == {"hits": 1, "misses": 0, "engines": {label: "hit"}}
     assert (tmp_path / "a" / "forward.pt2").read_bytes() == (tmp_path / "b" / "forward.pt2").read_bytes()
-    off: Any = OmegaConf.to_container(compose(["cache=off"]), resolve=True)
+    off: Any = typed(compose(["cache=off"]))
     assert "engine_cache" not in run_compile(off, tmp_path / "c")
 
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
 
-from pipeline.compile import compile_program, drop_metadata_asserts, export_method
 from pipeline.config import objects
-from pipeline.config.compose import compose
-from pipeline.tensorrt.blob import op_build_info
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.engine_op import is_engine_call
-from pipeline.tensorrt.fused_attention import fuse_attention
+from pipeline.config.compose import compose, typed
+from pipeline.delegate.blob import op_build_info
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.lowering.compile import compile_program, drop_metadata_asserts, export_method
+from pipeline.lowering.fused_attention import fuse_attention
+from pipeline.runtime.engine_op import is_engine_call
 from tests.helpers import assert_close, assert_not_degenerate
 from tests.tensorrt.test_grouped_query import LAYERS, _program, _repeats
 
@@ -189,7 +189,7 @@ def test_the_compile_option_builds_each_form_in_one_engine() -> None:
     inputs = (torch.randint(0, 256, (1, 16)), torch.zeros(1, dtype=torch.int64))
     layers = {}
     for form in ("fused", "grouped", "as_written"):
-        spec = objects.compile_spec(compose(["model=llama_tiny", f"compile.attention={form}"]), "prefill")
+        spec = objects.compile_spec(typed(compose(["model=llama_tiny", f"compile.attention={form}"])), "prefill")
         assert spec.attention == form
         compiled = compile_program(_program("float32", kv_heads=2), inputs, spec, "prefill")
         calls = [n for n in compiled.graph.nodes if is_engine_call(n)]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.export import Dim
 
-from pipeline.compile import export_method
+from pipeline.lowering.compile import export_method
+from pipeline.lowering.grouped_query import share_kv_heads
 from pipeline.models.hf import decoder
-from pipeline.tensorrt.grouped_query import share_kv_heads
 from tests.helpers import assert_not_degenerate
 
 aten = torch.ops.aten

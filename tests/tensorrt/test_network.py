@@ -2,9 +2,9 @@
 
 import torch
 
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.network import define_network
-from pipeline.tensorrt.trt_api import trt
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.network import define_network
+from pipeline.engine.trt_api import trt
 
 
 def test_layers_are_named_after_their_nodes() -> None:

@@ -4,9 +4,10 @@ rest lowers to portable ops, or to XNNPACK when XNNPACK follows TensorRT in the 
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-from pipeline import pte
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.report import lowering_report
+from pipeline.delegate import pte
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.executorch_api import edge_programs
+from pipeline.lowering.report import lowering_report
 from tests.helpers import MIXED_INPUT, MIXED_SPEC, Mixed, leftover_ops, lower, tensorrt_blobs
 
 X = MIXED_INPUT
@@ -33,7 +34,7 @@ def test_split_with_xnnpack_after_tensorrt() -> None:
     edge, part = lower(Mixed(), (X,), MIXED_SPEC, after=[XnnpackPartitioner()])
     left = " ".join(leftover_ops(edge))
     assert "cumsum" in left and "convolution" not in left
-    report = lowering_report(edge._edge_programs, {"forward": part.record})["forward"]
+    report = lowering_report(edge_programs(edge), {"forward": part.record})["forward"]
     counts = _counts(edge)
     assert counts.get("XnnpackBackend", 0) >= 1 and counts["TensorRTBackend"] >= 2
     assert report["num_engines"] == counts["TensorRTBackend"]
@@ -45,7 +46,7 @@ def test_split_with_xnnpack_after_tensorrt() -> None:
 def test_report_counts_claimed_nodes() -> None:
     edge, part = lower(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.randn(2, 4),),
                        TensorRTCompileSpec())
-    report = lowering_report(edge._edge_programs, {"forward": part.record})["forward"]
+    report = lowering_report(edge_programs(edge), {"forward": part.record})["forward"]
     assert report["claimed_by_tensorrt"] == 2 and report["left_over"] == [] and report["num_engines"] == 1
     engine = report["engines"][0]
     assert engine["inputs"][0]["shape"] == [2, 4] and engine["num_layers"] > 0
@@ -56,8 +57,8 @@ def test_which_ops_stay_whole_is_a_fact_of_their_converter_record() -> None:
     whose converters take them whole, such as linear and softmax, are kept from it."""
     from executorch.exir.tracer import _default_decomposition_table
 
-    from pipeline.tensorrt.converters.registry import lookup
-    from pipeline.tensorrt.partitioner import preserved_ops
+    from pipeline.engine.converters.registry import lookup
+    from pipeline.lowering.partitioner import preserved_ops
 
     aten = torch.ops.aten
     kept = set(preserved_ops(_default_decomposition_table()))

@@ -4,9 +4,9 @@ rounded weights give (on a GPU), keep in float what they cannot quantize, and ba
 import pytest
 import torch
 
+from pipeline.engine import quantize
+from pipeline.engine.compile_spec import QuantizeSpec, TensorRTCompileSpec
 from pipeline.errors import CompileSpecError
-from pipeline.tensorrt import quantize
-from pipeline.tensorrt.compile_spec import QuantizeSpec, TensorRTCompileSpec
 from tests.helpers import GPU, leftover_ops, lower, run_engines, tensorrt_engines
 
 AMAX = 5.0  # the fp8 input scale's magnitude, as calibration would give it for randn inputs

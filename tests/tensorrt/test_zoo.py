@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch.export import Dim
 
-from pipeline import pte
+from pipeline.delegate import pte
+from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.models.decoder import MethodView, tiny_decoder
 from pipeline.models.vision import mobilenet_v3_small, resnet18
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
 from tests.helpers import (
     GPU,
     MODEL_TOLERANCE,

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.export import Dim
 
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
+from pipeline.engine.compile_spec import TensorRTCompileSpec
 from tests.helpers import Fn, check_converter, lower
 
 TOKENS = torch.randint(0, 50, (1, 7))

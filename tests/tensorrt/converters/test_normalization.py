@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.converters.normalization import batch_norm_folded_into
-from pipeline.tensorrt.converters.registry import aten_op
-from pipeline.tensorrt.network import define_network, graph_source
-from pipeline.tensorrt.trt_api import trt
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.converters.normalization import batch_norm_folded_into
+from pipeline.engine.converters.registry import aten_op
+from pipeline.engine.network import define_network, graph_source
+from pipeline.engine.trt_api import trt
 from tests.helpers import Fn, check_converter, network_layers, refusal
 
 torch.manual_seed(0)

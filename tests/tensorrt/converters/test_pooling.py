@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pipeline.tensorrt.converters.pooling import box_average
+from pipeline.engine.converters.pooling import box_average
 from tests.helpers import check_converter, lower, network_layers, refusal
 
 torch.manual_seed(0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.tensorrt.converters.resize import resize_matrices
+from pipeline.engine.converters.resize import resize_matrices
 from tests.helpers import Fn, check_converter, network_layers, refusal
 
 torch.manual_seed(0)

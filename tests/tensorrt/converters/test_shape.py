@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.export import Dim
 
-from pipeline.tensorrt.compile_spec import TensorRTCompileSpec
-from pipeline.tensorrt.support import refusal_reason
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.support import refusal_reason
 from tests.helpers import Fn, check_converter
 
 torch.manual_seed(0)
@@ -56,7 +56,7 @@ DYNAMIC = {
 def test_dynamic_batch(name: str) -> None:
     batch = Dim("batch", min=2, max=16)
     edge = check_converter(Fn(DYNAMIC[name]), (torch.randn(4, 3, 4, 6),), dynamic_shapes=(({0: batch},),))  # Fn takes *xs
-    from pipeline.tensorrt import blob
+    from pipeline.delegate import blob
     from tests.helpers import tensorrt_blobs
 
     meta, _ = blob.decode(tensorrt_blobs(edge)[0])

@@ -1,0 +1,67 @@
+"""Operator support: whether TensorRT can take a node, and why not. Derived from the converter
+registry alone (its records and their capability validators)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from pipeline.dtypes import ENGINE_DTYPES
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.converters.registry import aten_op, lookup
+
+
+def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None:
+    """Why TensorRT cannot take `node` (a sentence), or None when it can."""
+    if node.op != "call_function":
+        return f"{node.op} nodes are not operators"
+    if node.target is operator.getitem:
+        return None
+    name = _op_name(node.target)
+    if spec.torch_executed_ops and (name in spec.torch_executed_ops or name.rsplit(".", 1)[0] in spec.torch_executed_ops):
+        return f"kept out of TensorRT by compile spec torch_executed_ops ({name})"
+    record = lookup(node.target)
+    if record is None:
+        return f"no TensorRT converter for {name}"
+    for value in _tensor_values(node):
+        if value.dtype not in ENGINE_DTYPES:
+            return f"dtype {value.dtype} is not supported by TensorRT"
+    if record.validator is not None:
+        reason = record.validator(node, spec)
+        if reason:
+            return reason
+    return None
+
+
+def _op_name(target: Any) -> str:
+    return str(aten_op(target)).split(":")[0]
+
+
+def _tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    out = node.meta.get("val")
+    vals.extend(out if isinstance(out, (tuple, list)) else [out])
+    return [v for v in vals if isinstance(v, torch.Tensor)]
+
+
+class TensorRTOperatorSupport(OperatorSupportBase):
+    """torch.fx operator support backed by the registry; records every refusal with its reason."""
+
+    def __init__(self, spec: TensorRTCompileSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.refused: dict[str, str] = {}
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        if node.op != "call_function" or "tensorrt.execute_engine" in str(node.target):
+            return False  # engine calls are claimed one by one, never merged with ops
+        if node.target is operator.getitem:
+            return isinstance(node.args[0], torch.fx.Node) and self.is_node_supported(submodules, node.args[0])
+        reason = refusal_reason(node, self.spec)
+        if reason:
+            self.refused[node.name] = reason
+            return False
+        return True

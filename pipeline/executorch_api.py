@@ -1,0 +1,82 @@
+"""The one module that reaches into ExecuTorch's private API (names with a leading underscore, and
+modules under `executorch.exir._serialize`), for the pinned ExecuTorch 1.4.1: the named data store
+and `.pte` serializer the delegate writes engines with, the flatbuffer reader `.pte` files are read
+with in place, an Edge manager's constant methods, named data and programs, and the Python runtime's
+portable library. Everything else imports these from here, so an ExecuTorch upgrade is checked here."""
+
+from __future__ import annotations
+
+import copy
+from types import ModuleType
+from typing import Any
+
+from executorch.exir import EdgeProgramManager, ExecutorchBackendConfig
+from executorch.exir._serialize._named_data_store import NamedDataStore, NamedDataStoreOutput
+from executorch.exir._serialize._program import PTEFile, serialize_pte_binary
+from executorch.exir._serialize._program import _flatbuffer_to_program as flatbuffer_to_program
+from executorch.exir._serialize._program import _restore_segments as restore_segments
+from torch.export import ExportedProgram
+
+__all__ = ["NamedDataStore", "flatbuffer_to_program", "restore_segments"]
+
+
+def flatbuffer_tables() -> ModuleType:
+    """ExecuTorch's generated flatbuffer reader package (one module per table)."""
+    from executorch.exir._serialize.generated import executorch_flatbuffer
+
+    return executorch_flatbuffer
+
+
+def portable_lib() -> ModuleType:
+    """ExecuTorch's Python runtime (`_portable_lib`); raises ImportError where it does not load."""
+    from executorch.extension.pybindings import _portable_lib
+
+    return _portable_lib
+
+
+def edge_programs(manager: EdgeProgramManager) -> dict[str, ExportedProgram]:
+    """The manager's lowered program of every method."""
+    return dict(manager._edge_programs)
+
+
+def constant_methods(manager: EdgeProgramManager) -> dict[str, Any]:
+    """The manager's constant methods (name -> value)."""
+    return dict(manager._config_methods or {})
+
+
+def named_data(manager: EdgeProgramManager) -> NamedDataStoreOutput:
+    """The named data (engines, external tensors) the manager's delegates stored."""
+    return manager._named_data_store.get_named_data_store_output()
+
+
+def with_program_data(manager: EdgeProgramManager, constants: dict[str, Any], store: NamedDataStore) -> EdgeProgramManager:
+    """A shallow copy of `manager` carrying these constant methods and this named data (the caller's
+    manager keeps its own)."""
+    out = copy.copy(manager)
+    out._config_methods = constants
+    out._named_data_store = store
+    return out
+
+
+def reserialize(program: Any, config: ExecutorchBackendConfig) -> None:
+    """Serialize an `ExecutorchProgramManager` again after its program was changed in place, as
+    `to_executorch` serialized it: its named data that stays in the `.pte`, nothing external."""
+    named = program._named_data
+    if named is not None and named.external_data:
+        named = NamedDataStoreOutput(buffers=named.buffers, pte_data=named.pte_data, external_data={})
+    pte_file = PTEFile(program=program.executorch_program, mutable_data=program._emitter_output.mutable_data,
+                       named_data=named if named is not None and named.pte_data else None)
+    program._pte_data = serialize_pte_binary(pte_file=pte_file, extract_delegate_segments=config.extract_delegate_segments,
+                                             segment_alignment=config.segment_alignment,
+                                             constant_tensor_alignment=config.constant_tensor_alignment,
+                                             delegate_alignment=config.delegate_alignment)
+
+
+def carries_etrecord(program: Any) -> bool:
+    """Whether an `ExecutorchProgramManager` kept an ETRecord (exported with generate_etrecord)."""
+    return getattr(program, "_etrecord", None) is not None
+
+
+def has_tensor_data(program: Any) -> bool:
+    """Whether an `ExecutorchProgramManager` has external tensor data to write (a `.ptd`)."""
+    return bool(getattr(program, "_tensor_data", None))
