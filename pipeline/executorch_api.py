@@ -34,6 +34,16 @@ def portable_lib() -> ModuleType:
     return _portable_lib
 
 
+def load_module(pte: str, ptd: str) -> Any:
+    """A program with its `.ptd` in ExecuTorch's Python runtime (1.4.1's `Runtime` takes no data file)."""
+    return portable_lib()._load_for_executorch(pte, data_path=ptd)
+
+
+def registered_backends() -> list[str]:
+    """The backends ExecuTorch's runtime has registered in this process."""
+    return list(portable_lib()._get_registered_backend_names())
+
+
 def edge_programs(manager: EdgeProgramManager) -> dict[str, ExportedProgram]:
     """The manager's lowered program of every method."""
     return dict(manager._edge_programs)

@@ -4,7 +4,7 @@ TensorRT-RTX writes the variable's value at build into the engine (an engine bui
 `NVIDIA_TF32_OVERRIDE=0` differs from one built without it, byte for byte) and makes an execution
 context only where the variable has the same value: an engine built without it and run with
 `NVIDIA_TF32_OVERRIDE=0` gets "Inconsistent setting of NVIDIA_TF32_OVERRIDE env var at build -1 and
-at execution 0" and no context (the H200, 2026-12-01, `docs/gpu-results.md`). With the variable at 0
+at execution 0" and no context (the H200, 2026-12-01, `results/gpu-log.md`). With the variable at 0
 in both places the engine computes in strict fp32 (about 5x slower); it is the one way to switch
 TF32 off: the builder's TF32 flag changes nothing (a convolution's error against float64 is 3.2e-4
 with the flag set or cleared, 5.8e-6 under the variable; the H200, 2026-12-01), so

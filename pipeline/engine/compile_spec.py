@@ -16,7 +16,7 @@ from pipeline.engine.options import ATTENTION_FORMS, QUANTIZE_LAYERS, QUANTIZE_M
 from pipeline.errors import CompileSpecError
 
 PRECISIONS = tuple(dtypes.PRECISIONS)  # compile.precision
-# Why no mode quantizes convolutions: TensorRT-RTX 1.6 gains nothing there (docs/gpu-results.md, 2026-12-04).
+# Why no mode quantizes convolutions: TensorRT-RTX 1.6 gains nothing there (results/gpu-log.md, 2026-12-04).
 _CONVOLUTIONS_STAY_FLOAT = ("convolutions stay float: TensorRT has no 4-bit convolution, TensorRT-RTX turns int8 "
                             "convolution weights back into float when it builds, and its fp8 convolutions ran 8.2x "
                             "slower with a 1.7x larger engine on the H200 (mobilenet_v3_small)")

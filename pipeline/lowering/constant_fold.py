@@ -22,7 +22,7 @@ from torch._ops import OpOverload
 MAX_FOLDED_BYTES = 1 << 26
 
 # Operators the engine computes even when every input is a constant (their inputs are folded). Measured
-# on the H200 (docs/gpu-results.md, 2026-12-01): XCiT's position encoding is a convolution on a grid
+# on the H200 (results/gpu-log.md, 2026-12-01): XCiT's position encoding is a convolution on a grid
 # made in `forward`; folded, TensorRT-RTX schedules the engine on one stream and it runs 1.11x as long as
 # the ONNX parser's engine (which keeps the convolution); kept, the engine gets the parser's second
 # stream and runs 0.99x as long.

@@ -78,10 +78,9 @@ class ExecuTorchProgram:
         self.options = options
         self.backend = load_backend()
         self._methods: dict[str, NativeMethod] = {}
-        from pipeline.executorch_api import portable_lib
-
-        lib = portable_lib()
         from executorch.runtime import Runtime
+
+        from pipeline.executorch_api import load_module
 
         if ptd is None:
             self._program = Runtime.get().load_program(Path(pte))
@@ -92,7 +91,7 @@ class ExecuTorchProgram:
                     f"{pte}: its methods share state (a KV cache) and its data is in a .ptd, which ExecuTorch 1.4.1's "
                     "Python runtime loads only into methods that keep separate state; run it with the native runner "
                     "(pipeline-runner), with pipeline.runtime, or build it without external data")
-            self._module = lib._load_for_executorch(str(pte), data_path=str(ptd))
+            self._module = load_module(str(pte), str(ptd))
 
     @property
     def method_names(self) -> list[str]:

@@ -82,7 +82,7 @@ def load_backend() -> ctypes.CDLL:
     """
     path = library_path()
     try:
-        from pipeline.executorch_api import portable_lib
+        from pipeline.executorch_api import portable_lib, registered_backends
 
         _portable_lib = portable_lib()
     except ImportError as exc:  # e.g. a torch other than the one ExecuTorch's wheel was built for
@@ -107,7 +107,7 @@ def load_backend() -> ctypes.CDLL:
     found = tensorrt_library()
     if found:
         backend.pipeline_trt_set_library(found.encode())
-    if backend.pipeline_trt_registered() != 0 or "TensorRTBackend" not in _portable_lib._get_registered_backend_names():
+    if backend.pipeline_trt_registered() != 0 or "TensorRTBackend" not in registered_backends():
         raise RuntimeUnavailableError(f"{path} loaded but ExecuTorch's runtime has no TensorRTBackend (registration "
                                       f"error {backend.pipeline_trt_registered()}); rebuild it against this ExecuTorch")
     return backend

@@ -86,7 +86,7 @@ def test_uneven_adaptive_pool_is_one_product_per_dim() -> None:
 
 
 def test_global_average_pool_is_one_reduction() -> None:
-    # TensorRT-RTX runs a mean over H and W faster than a full-window pooling layer (docs/gpu-results.md).
+    # TensorRT-RTX runs a mean over H and W faster than a full-window pooling layer (results/gpu-log.md).
     for dialect in ("aten", "edge"):
         layers, _ = network_layers(torch.nn.AdaptiveAvgPool2d(1), X, dialect)
         assert layers == ["LayerType.REDUCE"], (dialect, layers)
