@@ -200,6 +200,40 @@ def log1p(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dic
     return unary(ctx, _plus_one(ctx, args[0], 1.0), unary_ops().LOG)
 
 
+# erfinv by M. Giles' single-precision approximation ("Approximating the erfinv function", GPU
+# Computing Gems, 2011): a polynomial in w = -log(1 - x^2), one for w < 5 (in w - 2.5), one beyond (in
+# sqrt(w) - 3), highest degree first.
+_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+                   -0.00417768164, 0.246640727, 1.50140941)
+_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+                0.00943887047, 1.00167406, 2.83297682)
+
+
+@converter(aten.erfinv.default, validator=v.FLOAT_ONLY)
+def erfinv(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The inverse error function in fp32 (relative error about 1e-7 inside (-1, 1)); +-inf at +-1 and NaN
+    beyond, as torch gives."""
+    x = ctx.cast(args[0], torch.float32)
+    ops, f = ew_ops(), unary_ops()
+
+    def poly(w: Any, coefficients: tuple[float, ...]) -> Any:
+        p = ctx.tensor(coefficients[0], like=w)
+        for c in coefficients[1:]:
+            p = elementwise(ctx, ops.SUM, elementwise(ctx, ops.PROD, p, w), ctx.tensor(c, like=w))
+        return p
+
+    one = ctx.tensor(1.0, like=x)
+    below, above = elementwise(ctx, ops.SUB, one, x), elementwise(ctx, ops.SUM, one, x)
+    w = unary(ctx, unary(ctx, elementwise(ctx, ops.PROD, below, above), f.LOG), f.NEG)
+    central = poly(elementwise(ctx, ops.SUB, w, ctx.tensor(2.5, like=w)), _ERFINV_CENTRAL)
+    tail = poly(elementwise(ctx, ops.SUB, unary(ctx, w, f.SQRT), ctx.tensor(3.0, like=w)), _ERFINV_TAIL)
+    near = elementwise(ctx, ops.LESS, w, ctx.tensor(5.0, like=w))
+    out = elementwise(ctx, ops.PROD, ctx.network.add_select(near, central, tail).get_output(0), x)
+    edge = elementwise(ctx, ops.EQUAL, unary(ctx, x, f.ABS), one)  # w is inf there, and the tail's sign wrong
+    infinite = elementwise(ctx, ops.PROD, x, ctx.tensor(math.inf, like=x))
+    return ctx.cast(ctx.network.add_select(edge, infinite, out).get_output(0), ctx.node_dtype(node))
+
+
 @converter(aten.log2.default, aten.log10.default, validator=v.FLOAT_ONLY)
 def log_base(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     base = 2.0 if aten_op(node.target) == aten.log2.default else 10.0

@@ -59,6 +59,27 @@ def cumsum(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: di
     return ctx.network.add_cumulative(x, axis, trt().CumulativeOperation.SUM, False, False).get_output(0)
 
 
+@converter(aten.cumprod.default, validator=v.FLOAT_ONLY)
+def cumprod(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A running product as TensorRT has only running sums: exp(cumsum(log|x|)) (a zero makes the sum
+    -inf, so every product after it 0), with the sign of the running count of negative factors; in
+    fp32 whatever the input's dtype."""
+    x = ctx.cast(args[0], torch.float32)
+    if len(x.shape) == 0:
+        return ctx.cast(x, ctx.node_dtype(node))
+    axis = ctx.constant(torch.tensor(norm_dim(int(args[1]), len(x.shape))), torch.int32)
+
+    def running_sum(t: Any) -> Any:
+        return ctx.network.add_cumulative(t, axis, trt().CumulativeOperation.SUM, False, False).get_output(0)
+
+    magnitude = unary(ctx, running_sum(unary(ctx, unary(ctx, x, unary_ops().ABS), unary_ops().LOG)), unary_ops().EXP)
+    negatives = running_sum(ctx.cast(elementwise(ctx, ew_ops().LESS, x, ctx.tensor(0.0, like=x)), torch.float32))
+    half = elementwise(ctx, ew_ops().PROD, negatives, ctx.tensor(0.5, like=negatives))
+    odd = elementwise(ctx, ew_ops().SUB, half, unary(ctx, half, unary_ops().FLOOR))  # 0.5 where the count is odd
+    sign = elementwise(ctx, ew_ops().SUB, ctx.tensor(1.0, like=odd), elementwise(ctx, ew_ops().PROD, odd, ctx.tensor(4.0, like=odd)))
+    return ctx.cast(elementwise(ctx, ew_ops().PROD, magnitude, sign), ctx.node_dtype(node))
+
+
 @converter(aten.prod.dim_int, aten.prod.default, validator=v.tensor_dtypes(v.NUMERIC_DTYPES))
 def prod(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if aten_op(node.target) is aten.prod.default:

@@ -57,6 +57,7 @@ CASES = {
     "logical": (lambda m, a, b: torch.logical_xor(torch.logical_and(a > 0, b > 0), torch.logical_or(a > 1, b < -1)),
                 (A, B)),
     "logical_not": (lambda m, a: torch.logical_not(a > 0), (A,)),
+    "erfinv": (lambda m, a: torch.erfinv(torch.tanh(a) * 0.999), (A,)),
 }
 
 
@@ -79,3 +80,11 @@ def test_refuses_trunc_division() -> None:
 def test_refuses_float_math_on_integers() -> None:
     reasons = refusal(Fn(lambda m, a: torch.logical_not(a)), (torch.randint(0, 3, (4,)),))
     assert "dtype int64" in reasons["aten.logical_not.default"]
+
+
+def test_erfinv_tails_fp16_and_dynamic() -> None:
+    tails = torch.tensor([[-0.9999, -0.99, -0.9, -0.5, 0.0, 0.3, 0.97, 0.999, 0.99999]])  # both polynomials
+    check_converter(Fn(lambda m, a: torch.erfinv(a)), (tails,))
+    batch = torch.export.Dim("batch", min=2, max=16)
+    check_converter(Fn(lambda m, a: torch.erfinv(torch.tanh(a) * 0.99)), (A,), precision="fp16",
+                    dynamic_shapes=(({0: batch},),))

@@ -32,6 +32,7 @@ CASES = {
     "normalize": lambda m, x: torch.nn.functional.normalize(x, dim=-1),
     "norm_inf_p3": lambda m, x: torch.linalg.vector_norm(x, float("inf"), dim=-1) + torch.linalg.vector_norm(x, 3, dim=-1),
     "cumsum_last": lambda m, x: torch.cumsum(x, -1) - x,
+    "cumprod": lambda m, x: x.cumprod(1),
     "sort": lambda m, x: x.sort(-1).values,
     "sort_descending_indices": lambda m, x: x.sort(1, descending=True).indices,
     "argsort": lambda m, x: x.argsort(-1, descending=True),
@@ -69,3 +70,10 @@ def test_sort_takes_a_dynamic_batch_and_fp16() -> None:
 def test_refuses_stable_sort() -> None:
     reasons = refusal(Fn(lambda m, x: x.sort(stable=True, dim=-1).indices), (X,))
     assert any("does not promise the order of equal values" in r for r in reasons.values()), reasons
+
+
+def test_cumprod_signs_zeros_fp16_and_dynamic() -> None:
+    x = torch.tensor([[1.5, -2.0, 0.5, -1.0, 3.0, 0.0, 2.0], [-1.0, -1.0, -1.0, 2.0, -0.5, 4.0, -3.0]])
+    check_converter(Fn(lambda m, x: x.cumprod(-1)), (x,))  # negative factors flip the sign; after a zero, zeros
+    batch = torch.export.Dim("batch", min=2, max=16)
+    check_converter(Fn(lambda m, x: (x * 0.5 + 1.0).cumprod(1)), (X,), precision="fp16", dynamic_shapes=(({0: batch},),))
