@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import onnx_reference
 from bench.benchmark import Timing, Variant, kernel_profile, timed  # noqa: E402
 from pipeline.cli import reported  # noqa: E402
 from pipeline.coverage.run import entry_config, kept_row, row_key, run_suite, suite_config  # noqa: E402
@@ -75,49 +76,8 @@ class Setup:
 
 
 def onnx_engine(setup: Setup, entry: Entry) -> None:
-    """Export the suite model to ONNX (TorchScript exporter, opset 17) and build the ONNX parser's
-    engine with our builder settings (`builder_config` of the run's compile spec; below fp32 the
-    model is cast, as TensorRT-RTX builds strongly typed networks); writes `onnx.engine` or
-    `onnx.error` in the model's folder."""
-    import torch
-
-    from pipeline.config import objects
-    from pipeline.engine.builder import builder_config
-    from pipeline.engine.trt_api import trt
-
-    precision, folder = setup.precision, setup.folder(entry)
-    target = folder / "onnx.engine"
-    if target.exists():
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        cfg = entry_config(entry, setup.precision, setup.overrides)
-        model = objects.model(cfg)
-        inputs = objects.example_inputs(cfg.model.methods["forward"], 0)
-        if precision != "fp32":
-            dtype = torch.float16 if precision == "fp16" else torch.bfloat16
-            model = model.to(dtype)
-            inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
-        path = folder / "model.onnx"
-        torch.onnx.export(model, inputs, str(path), dynamo=False, opset_version=17, input_names=["x"])
-        t = trt()
-        logger = t.Logger(t.Logger.ERROR)
-        builder = t.Builder(logger)
-        network = builder.create_network(0)
-        parser = t.OnnxParser(network, logger)
-        if not parser.parse_from_file(str(path)):
-            raise RuntimeError("; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
-        start = time.perf_counter()
-        engine = builder.build_serialized_network(network, builder_config(builder, objects.compile_spec(cfg, "forward")))
-        if engine is None:
-            raise RuntimeError("the ONNX parser's network did not build")
-        write_json(folder / "onnx.json", {"build_s": round(time.perf_counter() - start, 2)})
-        write_bytes(target, bytes(engine))
-        path.unlink()
-        for extra in folder.glob("*.onnx*"):
-            extra.unlink()
-    except Exception as exc:  # recorded; the suite goes on
-        write_bytes(folder / "onnx.error", f"{type(exc).__name__}: {str(exc).strip()[:300]}".encode())
+    """The ONNX parser's engine of `entry` in its folder (`onnx_reference.build_engine`)."""
+    onnx_reference.build_engine(entry, setup.precision, setup.overrides, setup.folder(entry))
 
 
 def measure(setup: Setup, entry: Entry, row: dict[str, Any], iters: int,
@@ -191,7 +151,7 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, other_inputs: Any, pte_pa
         result["ours"] = ".pte"
     onnx = folder / "onnx.engine"
     if onnx.exists():
-        onnx_runner = _onnx_runner(onnx.read_bytes(), inputs, precision, stream)
+        onnx_runner = onnx_reference.runner(onnx.read_bytes(), stream)
         theirs = lambda: onnx_runner(*[x.to(onnx_runner.dtype) if x.is_floating_point() else x for x in inputs])  # noqa: E731
         variants = [Variant("ours", ours, stream), Variant("onnx", theirs, stream)]
         with torch.no_grad():
@@ -234,28 +194,6 @@ def strict_fp32() -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
-def _onnx_runner(engine: bytes, inputs: list[Any], precision: str, stream: Any) -> Any:
-    import torch
-
-    from pipeline.delegate.blob import IOBinding
-    from pipeline.engine.trt_api import trt
-    from pipeline.runtime.engine_runner import EngineRunner
-    from pipeline.runtime.options import RuntimeOptions
-
-    t = trt()
-    probe = t.Runtime(t.Logger(t.Logger.ERROR)).deserialize_cuda_engine(engine)
-    bindings = []
-    for i in range(probe.num_io_tensors):
-        tensor = probe.get_tensor_name(i)
-        dtype = {t.DataType.FLOAT: torch.float32, t.DataType.HALF: torch.float16, t.DataType.BF16: torch.bfloat16,
-                 t.DataType.INT64: torch.int64, t.DataType.INT32: torch.int32}[probe.get_tensor_dtype(tensor)]
-        bindings.append(IOBinding.of(tensor, dtype, tuple(probe.get_tensor_shape(tensor)),
-                                     probe.get_tensor_mode(tensor) == t.TensorIOMode.INPUT))
-    runner = EngineRunner(engine, bindings, RuntimeOptions(cuda_graph=True), stream)
-    runner.dtype = bindings[0].torch_dtype  # type: ignore[attr-defined]
-    return runner
 
 
 def markdown(rows: list[dict[str, Any]], precision: str) -> str:

@@ -8,7 +8,7 @@ why xcit_nano's parser engine runs on two streams and ours on one: `docs/coverag
 Per model: each plan's streams, its kernels by kind (`conv`, `matmul`, and Myelin's fused kernels
 by the ops they fuse, e.g. `SqrtMaxReplDiv`), the kernels on a second stream, and the kinds whose
 counts differ. Our engine is built as the compile step builds it (suite config, `--set` overrides);
-the parser's with the same builder settings (`bench/coverage_gpu.py`'s `onnx_engine`).
+the parser's with the same builder settings (`bench/onnx_reference.py`).
 """
 
 from __future__ import annotations
