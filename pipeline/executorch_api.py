@@ -1,8 +1,8 @@
 """The one module that reaches into ExecuTorch's private API (names with a leading underscore, and
 modules under `executorch.exir._serialize`), for the pinned ExecuTorch 1.4.1: the named data store
-and `.pte` serializer the delegate writes engines with, the flatbuffer reader `.pte` files are read
-with in place, an Edge manager's constant methods, named data and programs, and the Python runtime's
-portable library. Everything else imports these from here, so an ExecuTorch upgrade is checked here."""
+and `.pte` serializer the delegate writes engines with, the flatbuffer readers `.pte` and `.ptd`
+files are read with, an Edge manager's constant methods, named data and programs, Edge lowering's
+decomposition table, and the Python runtime (its loader, operator and backend registries). Everything else imports these from here, so an ExecuTorch upgrade is checked here."""
 
 from __future__ import annotations
 
@@ -32,6 +32,27 @@ def portable_lib() -> ModuleType:
     from executorch.extension.pybindings import _portable_lib
 
     return _portable_lib
+
+
+def operator_names() -> list[str]:
+    """The operators ExecuTorch's runtime library has kernels for; raises where it does not load."""
+    from executorch.extension.pybindings import portable_lib as lib
+
+    return list(lib._get_operator_names())
+
+
+def decomposition_table() -> dict[Any, Any]:
+    """The decompositions ExecuTorch's Edge lowering applies (what a partitioner may keep whole)."""
+    from executorch.exir.tracer import _default_decomposition_table
+
+    return dict(_default_decomposition_table())
+
+
+def flat_tensor(data: bytes) -> Any:
+    """A `.ptd` (FlatTensor) file's flatbuffer, deserialized."""
+    from executorch.extension.flat_tensor.serialize.serialize import _deserialize_to_flat_tensor
+
+    return _deserialize_to_flat_tensor(data)
 
 
 def load_module(pte: str, ptd: str) -> Any:

@@ -222,7 +222,7 @@ def parse_ptd(data: Data, where: str) -> dict[str, memoryview]:
     Raises:
         ArtifactError: not a FlatTensor file, or an entry lies outside it.
     """
-    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorHeader, _deserialize_to_flat_tensor
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorHeader
 
     if len(data) < _FT_HEAD or data[4:8] != b"FT01":
         raise ArtifactError(f"{where} is not an ExecuTorch data file (identifier {data[4:8]!r}, expected b'FT01')")
@@ -234,7 +234,7 @@ def parse_ptd(data: Data, where: str) -> dict[str, memoryview]:
             raise ValueError(f"header {header} does not fit the {len(data)}-byte file")
         if header.flatbuffer_size > _PTD_INDEX_MAX:  # the index of the data, not the data: never this large
             raise ValueError(f"its index is {header.flatbuffer_size} bytes (at most {_PTD_INDEX_MAX} are read)")
-        flat = _deserialize_to_flat_tensor(bytes(view[:end]))
+        flat = et.flat_tensor(bytes(view[:end]))
         base = header.segment_base_offset
         out = {}
         for entry in flat.named_data:

@@ -19,6 +19,7 @@ from pipeline.engine.compile_spec import DimRange, TensorRTCompileSpec
 from pipeline.engine.converters.registry import SYMINT_BUILTINS, aten_op, lookup, supported_ops
 from pipeline.engine.support import TensorRTOperatorSupport
 from pipeline.errors import CompileSpecError
+from pipeline.executorch_api import decomposition_table
 from pipeline.lowering import backend as _backend  # noqa: F401  (ExecuTorch finds TensorRTBackend by subclass)
 from pipeline.runtime.engine_op import is_engine_call
 
@@ -104,11 +105,9 @@ class TensorRTPartitioner(Partitioner):
         partitioning pass, `propose`) and was not refused while partitioning (ExecuTorch asks again
         after lowering to check nothing preserved is left).
         """
-        from executorch.exir.tracer import _default_decomposition_table
-
         if not self.claim_ops:  # it claims engine calls only: keeping ops whole would strand them
             return [], None
-        keep = preserved_ops(_default_decomposition_table())
+        keep = preserved_ops(decomposition_table())
         spec = self.compile_spec.with_symbol_ranges(symbol_ranges(ep, self.compile_spec))
         blocks, _ = propose(ep.graph_module, spec)
         claimable = {n.name for block in blocks for n in block}  # a node in a block too small is decomposed

@@ -34,10 +34,12 @@ def registered() -> tuple[frozenset[str] | None, str]:
     runtime's registry (`None` with the reason when that library does not load here)."""
     version = importlib.metadata.version("executorch")
     try:
-        from executorch.extension.pybindings import portable_lib
+        from pipeline.executorch_api import operator_names
+
+        names = operator_names()
     except Exception as exc:  # an ExecuTorch built for another torch fails in its own ways
         return None, f"ExecuTorch {version}'s runtime library does not load here ({type(exc).__name__}: {exc})"
-    return frozenset(portable_lib._get_operator_names()), f"the kernels ExecuTorch {version}'s runtime library registers"
+    return frozenset(names), f"the kernels ExecuTorch {version}'s runtime library registers"
 
 
 def report(program: Any) -> dict[str, Any]:
