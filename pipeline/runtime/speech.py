@@ -1,0 +1,88 @@
+"""Greedy transcription with a Whisper program (`pipeline.models.whisper`): `encoder` once on the
+utterance's log-mel features (it writes the cross-attention keys and values into the program's state),
+then `text_decoder` on the prompt (the decoder start token, or the tokens the caller gives: language,
+task, ...) and once per new token, choosing each as `transformers`' Whisper `generate` does greedily:
+the argmax of the last logits, never one of `suppress_tokens`, nor first one of
+`begin_suppress_tokens`; it stops after the end-of-transcript token or when the cache is full.
+
+    python -m pipeline.runtime.speech PROGRAM.pte --features features.npy [--ptd PROGRAM.ptd] [--max-new-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pipeline.errors import InputError
+from pipeline.runtime.generate import capacity
+
+SUPPRESS_METHOD = "whisper_suppress_tokens"  # the constant method with both lists (JSON)
+
+
+def transcribe(program: Any, features: torch.Tensor, prompt: Sequence[int] | None = None,
+               max_new_tokens: int | None = None) -> list[int]:
+    """The token ids a Whisper program transcribes `features` [1, mels, frames] to (the prompt left out,
+    the end-of-transcript token kept where it came). `program`: a loaded program (`pipeline.runtime.load`,
+    or ExecuTorch's runtime through `pipeline.runtime.executorch_runtime.load`).
+
+    Raises:
+        InputError: the program is not a Whisper program, or the prompt and `max_new_tokens` would
+            not fit its cache (checked before anything runs).
+    """
+    for name in ("decoder_start_token_id", "eos_token_id", SUPPRESS_METHOD):
+        if name not in program.constant_names:
+            raise InputError(f"the program has no {name!r} constant method: it is not a Whisper program "
+                             "(build one with pipeline.models.whisper.whisper)")
+    tokens = list(prompt) if prompt else [int(program.constant("decoder_start_token_id"))]
+    room = capacity(program) - len(tokens)
+    steps = room if max_new_tokens is None else int(max_new_tokens)
+    if steps < 1 or steps > room:
+        raise InputError(f"a prompt of {len(tokens)} tokens and {steps} new ones do not fit the program's cache of "
+                         f"{capacity(program)} positions; ask for 1..{room} new tokens")
+    eos = int(program.constant("eos_token_id"))
+    suppress = json.loads(program.constant(SUPPRESS_METHOD))
+    encoder, decoder = program.method("encoder"), program.method("text_decoder")
+    device = getattr(program, "device", torch.device("cpu"))
+    encoder.execute([features.to(device)])
+    out: list[int] = []
+    logits = decoder.execute([torch.tensor([tokens], device=device), torch.tensor([0], device=device)])[0]
+    vocab = logits.shape[-1]  # a token id past the vocabulary suppresses nothing, as in transformers
+    never, not_first = ([t for t in suppress[key] if 0 <= t < vocab] for key in ("suppress_tokens", "begin_suppress_tokens"))
+    while True:
+        last = logits[0, -1].float().clone()
+        last[never] = -torch.inf
+        if not out:
+            last[not_first] = -torch.inf
+        token = int(last.argmax())
+        out.append(token)
+        if token == eos or len(out) == steps:
+            return out
+        position = len(tokens) + len(out) - 1
+        logits = decoder.execute([torch.tensor([[token]], device=device), torch.tensor([position], device=device)])[0]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Transcribe a `.npy` of log-mel features [1, mels, frames]; print the token ids."""
+    import numpy as np
+
+    from pipeline.cli import reported
+    from pipeline.runtime import load
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pte")
+    parser.add_argument("--ptd", default=None)
+    parser.add_argument("--features", required=True, help=".npy of log-mel features [1, mels, frames], float32")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    args = parser.parse_args(argv)
+    with reported():
+        program = load(args.pte, args.ptd)
+        features = torch.from_numpy(np.load(args.features))
+        print(" ".join(map(str, transcribe(program, features, max_new_tokens=args.max_new_tokens))))
+
+
+if __name__ == "__main__":
+    main()
