@@ -234,7 +234,7 @@ def measure(name: str, variant: tuple[Step, Step, torch.Tensor, torch.Tensor], a
     return row
 
 
-def main() -> None:
+def _arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", nargs="*", default=["+experiment=llm_fp16"], help="Hydra overrides of the build")
     parser.add_argument("--prefill", nargs="*", type=int, default=[128, 512], help="prompt lengths timed")
@@ -247,28 +247,25 @@ def main() -> None:
     parser.add_argument("--build", type=Path, default=None, help="build folder (default: a temporary one)")
     parser.add_argument("--built", action="store_true", help="measure the program already in --build (no build)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/llm.py needs a CUDA GPU")
-    cfg = typed(compose(list(args.set)))
-    kwargs = cfg.model.kwargs
-    vocab = int(kwargs["vocab_size"])
-    results: dict[str, Any] = {"config": args.set, "gpu": torch.cuda.get_device_name()}
+    return parser
 
+
+def _program_files(args: argparse.Namespace, cfg: Any, results: dict[str, Any]) -> dict[str, Path]:
+    """The program's files: built now (what `dvc repro` runs), or already in `--build` with `--built`."""
     start = time.perf_counter()
     if args.built:
         files = {p.suffix[1:]: p for p in (args.build / "program").iterdir() if p.suffix in (".pte", ".ptd")}
     else:
-        files = run_all(cfg, args.build or Path(tempfile.mkdtemp()))  # what `dvc repro` runs
+        files = run_all(cfg, args.build or Path(tempfile.mkdtemp()))
         results["build_s"] = round(time.perf_counter() - start, 1)
     results["files_GB"] = {k: round(Path(v).stat().st_size / 1e9, 3) for k, v in files.items()}
     print("built", results.get("build_s"), results["files_GB"], flush=True)
+    return files
 
-    model: Any = objects.model(cfg)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    cache_bytes = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "cache" in n)
-    results["weights_GB"], results["cache_GB"] = weight_bytes / 1e9, cache_bytes / 1e9
 
+def _variants(args: argparse.Namespace, files: dict[str, Path], model: Any,
+              results: dict[str, Any]) -> tuple[Any, dict[str, tuple[Step, Step, torch.Tensor, torch.Tensor]]]:
+    """Our program (with the device memory it takes) and the rows it is timed against."""
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
     variants: dict[str, tuple[Step, Step, torch.Tensor, torch.Tensor]] = {}
@@ -284,8 +281,7 @@ def main() -> None:
     if not args.no_stepwise:
         stepwise = load(files["pte"], files.get("ptd"), options=RuntimeOptions(cuda_graph=True))
         variants["ours (engine graphs, step by step)"] = ours(stepwise)
-
-    model = model.cuda()
+    model.cuda()  # in place, after the program's memory was measured
     variants["eager transformers"] = (model.step, model.step, torch.zeros(1, 1, dtype=torch.int64, device="cuda"),
                                       torch.zeros(1, dtype=torch.int64, device="cuda"))
     if not args.no_compile:
@@ -296,15 +292,28 @@ def main() -> None:
         variants["torch.compile (static cache, CUDA graphs)"] = (
             compiled, compiled, torch.zeros(1, 1, dtype=torch.int64, device="cuda"),
             torch.zeros(1, dtype=torch.int64, device="cuda"))
+    return program, variants
 
-    reference = model.step
+
+def main() -> None:
+    args = _arguments().parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/llm.py needs a CUDA GPU")
+    cfg = typed(compose(list(args.set)))
+    vocab = int(cfg.model.kwargs["vocab_size"])
+    results: dict[str, Any] = {"config": args.set, "gpu": torch.cuda.get_device_name()}
+    files = _program_files(args, cfg, results)
+    model: Any = objects.model(cfg)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    cache_bytes = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "cache" in n)
+    results["weights_GB"], results["cache_GB"] = weight_bytes / 1e9, cache_bytes / 1e9
+    program, variants = _variants(args, files, model, results)
     rated = next((v for k, v in RATED_GBS.items() if k in results["gpu"]), None)
     guarded(results, "bandwidth_GBs", lambda: {"rated": rated, "measured_copy": measured_bandwidth_gbs()})
-    bw = results["bandwidth_GBs"]
-    limits = {k: v * 1e9 / weight_bytes for k, v in bw.items() if isinstance(v, float)}
+    limits = {k: v * 1e9 / weight_bytes for k, v in results["bandwidth_GBs"].items() if isinstance(v, float)}
     results["decode_limit_tok_s"] = limits
     with torch.no_grad():
-        rows = [measure(name, variant, args, vocab, limits, reference) for name, variant in variants.items()]
+        rows = [measure(name, variant, args, vocab, limits, model.step) for name, variant in variants.items()]
     results["rows"] = rows + runner_rows(files, program, vocab, args.prompt, args.steps, args.runner)
     table = markdown(results)
     print(table)

@@ -3,7 +3,7 @@
 TensorRT claims every engine call first (one delegate each), then the caller's partitioners run,
 per method when given as a mapping. Each program is staged first: graph structure, signature,
 state containers, constants and metadata are copied, tensor and engine payloads are shared, so the
-caller's program is exactly as it was after success and after any failure. `save` writes the
+caller's program is exactly as it was after success and after any failure. `serialize.save` writes the
 `.pte` (and `.ptd`) through this same code.
 """
 

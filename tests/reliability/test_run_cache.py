@@ -34,7 +34,7 @@ def test_two_builds_are_byte_identical(tmp_path: Path) -> None:
 def test_engines_and_their_inputs_keep_one_order(tmp_path: Path) -> None:
     # TensorRT-RTX 1.6 serializes some engines with dynamic dims differently from one build to the
     # next (tiny_decoder's decode: same network, two builds in one process, different bytes; see
-    # docs/reliability.md), so the decoder's check is on the statically shaped method.
+    # docs/refused.md), so the decoder's check is on the statically shaped method.
     cfg: Any = typed(compose(["model=tiny_decoder"]))
     run_all(cfg, tmp_path / "a")
     run_all(cfg, tmp_path / "b")
