@@ -1,6 +1,8 @@
-"""Whisper as a two-method program (`pipeline.models.whisper`): its methods compute what transformers'
-Whisper computes, both lower whole into TensorRT with the caches in the program's state, and on a
-GPU `transcribe` gives transformers' greedy `generate` token for token."""
+"""Speech programs. Whisper as `{encoder, text_decoder}` (`pipeline.models.whisper`): its methods compute
+what transformers' Whisper computes, both lower whole into TensorRT with the caches in the program's
+state, and on a GPU `transcribe` gives transformers' greedy `generate` token for token. A Conformer
+transducer as `{encoder, decoder_step, joint}` (`pipeline.models.transducer`): all three lower whole,
+and on a GPU the program's greedy transcript is the eager model's."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from pipeline.config.compose import compose, typed
 from pipeline.errors import ConfigError, InputError
 from pipeline.models.whisper import whisper
 from pipeline.runtime import load
-from pipeline.runtime.speech import SUPPRESS_METHOD, transcribe
-from tests.helpers import GPU
+from pipeline.runtime.speech import SUPPRESS_METHOD, transcribe, transcribe_transducer
+from tests.helpers import GPU, MODEL_TOLERANCE, assert_close
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +95,59 @@ def test_transcribe_matches_transformers_generate_on_the_gpu(built: tuple[Any, P
         with torch.no_grad():
             want = model.checkpoint_module.generate(input_features=features, generation_config=generation)[0].tolist()
         assert got == want[:len(got)] and len(got) == len(want), (seed, got, want)
+
+
+class _Eager:
+    """The eager model behind the program interface `transcribe_transducer` takes."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.constant_names = model, list(model.program_constants)
+
+    def constant(self, name: str) -> Any:
+        return self.model.program_constants[name]
+
+    def method(self, name: str) -> Any:
+        run = getattr(self.model, name)
+        return type("Method", (), {"execute": staticmethod(lambda inputs: [run(*inputs)])})()
+
+
+@pytest.fixture(scope="module")
+def transducer_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    cfg = typed(compose(["model=transducer_tiny", "cache=off"]))
+    out = tmp_path_factory.mktemp("transducer")
+    steps.run_all(cfg, out)
+    return cfg, out
+
+
+def test_transducer_methods_lower_whole_with_the_predictor_state(transducer_built: tuple[Any, Path]) -> None:
+    cfg, out = transducer_built
+    report = json.loads((out / "report.json").read_text())
+    assert {m: (r["num_engines"], r["left_over"]) for m, r in report.items()} == {
+        "encoder": (1, []), "decoder_step": (1, []), "joint": (1, [])}
+    program = load(out / "program" / "transducer_tiny.pte", device="cpu")
+    assert program.constant("blank_id") == cfg.model.kwargs["vocab"]
+    (state,) = program.state.values()  # the LSTM's hidden and cell state, shared by encoder and decoder_step
+    assert state.numel() * state.element_size() >= 2 * cfg.model.kwargs["predictor"] * 4
+    with pytest.raises(InputError, match="not a transducer program"):
+        transcribe_transducer(_Eager(whisper(max_cache_len=8, d_model=64, encoder_attention_heads=4, decoder_attention_heads=4)),
+                              torch.zeros(1, 80, 3000))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_transducer_methods_match_the_eager_model_on_the_gpu(transducer_built: tuple[Any, Path]) -> None:
+    """Each method against eager PyTorch on the same inputs, the prediction network's state carried
+    across steps (random weights put many logits within TF32's error of each other, so greedy
+    transcripts of the two part at the first near tie: compared here is what each step computes)."""
+    cfg, out = transducer_built
+    program, model = load(out / "program" / "transducer_tiny.pte"), objects.model(cfg)
+    features = _features(cfg)
+    with torch.no_grad():
+        frames = model.encoder(features)
+        assert_close(program.method("encoder").execute([features.cuda()])[0].cpu(), frames, "fp32", MODEL_TOLERANCE)
+        for token in (64, 5, 12, 12, 40):
+            want = model.decoder_step(torch.tensor([token]))
+            got = program.method("decoder_step").execute([torch.tensor([token], device="cuda")])[0].cpu()
+            assert_close(got, want, "fp32", MODEL_TOLERANCE)
+            logits = program.method("joint").execute([frames[:, 7].cuda(), want.cuda()])[0].cpu()
+            assert_close(logits, model.joint(frames[:, 7], want), "fp32", MODEL_TOLERANCE)

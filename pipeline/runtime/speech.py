@@ -1,4 +1,5 @@
-"""Greedy transcription with a Whisper program (`pipeline.models.whisper`): `encoder` once on the
+"""Greedy transcription: Whisper programs (`transcribe`) and transducer programs
+(`transcribe_transducer`, below). A Whisper program (`pipeline.models.whisper`) runs `encoder` once on the
 utterance's log-mel features (it writes the cross-attention keys and values into the program's state),
 then `text_decoder` on the prompt (the decoder start token, or the tokens the caller gives: language,
 task, ...) and once per new token, choosing each as `transformers`' Whisper `generate` does greedily:
@@ -65,6 +66,34 @@ def transcribe(program: Any, features: torch.Tensor, prompt: Sequence[int] | Non
         logits = decoder.execute([torch.tensor([[token]], device=device), torch.tensor([position], device=device)])[0]
 
 
+def transcribe_transducer(program: Any, features: torch.Tensor, max_symbols_per_frame: int = 10) -> list[int]:
+    """The token ids a transducer program (`pipeline.models.transducer`) transcribes `features` to,
+    greedily: `encoder` once, the prediction network started on the blank, then per encoder frame the
+    joint's argmax: the blank moves to the next frame, any other token is emitted and advances the
+    prediction network (at most `max_symbols_per_frame` tokens a frame).
+
+    Raises:
+        InputError: the program is not a transducer program.
+    """
+    if "blank_id" not in program.constant_names:
+        raise InputError("the program has no 'blank_id' constant method: it is not a transducer program "
+                         "(build one with pipeline.models.transducer.transducer)")
+    blank = int(program.constant("blank_id"))
+    encoder, step, joint = (program.method(name) for name in ("encoder", "decoder_step", "joint"))
+    device = getattr(program, "device", torch.device("cpu"))
+    frames = encoder.execute([features.to(device)])[0].clone()  # the method's own memory is reused by later calls
+    prediction = step.execute([torch.tensor([blank], device=device)])[0].clone()
+    out: list[int] = []
+    for t in range(frames.shape[1]):
+        for _ in range(max_symbols_per_frame):
+            token = int(joint.execute([frames[:, t].contiguous(), prediction])[0][0].argmax())
+            if token == blank:
+                break
+            out.append(token)
+            prediction = step.execute([torch.tensor([token], device=device)])[0].clone()
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Transcribe a `.npy` of log-mel features [1, mels, frames]; print the token ids."""
     import numpy as np
@@ -76,12 +105,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("pte")
     parser.add_argument("--ptd", default=None)
     parser.add_argument("--features", required=True, help=".npy of log-mel features [1, mels, frames], float32")
-    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="Whisper: at most this many tokens")
     args = parser.parse_args(argv)
     with reported():
         program = load(args.pte, args.ptd)
         features = torch.from_numpy(np.load(args.features))
-        print(" ".join(map(str, transcribe(program, features, max_new_tokens=args.max_new_tokens))))
+        if "blank_id" in program.constant_names:
+            tokens = transcribe_transducer(program, features)
+        else:
+            tokens = transcribe(program, features, max_new_tokens=args.max_new_tokens)
+        print(" ".join(map(str, tokens)))
 
 
 if __name__ == "__main__":
