@@ -23,12 +23,16 @@ from pipeline.runtime.speech import SUPPRESS_METHOD, transcribe, transcribe_tran
 from tests.helpers import GPU, MODEL_TOLERANCE, assert_close
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    cfg = typed(compose(["model=whisper_tiny", "cache=off"]))
-    out = tmp_path_factory.mktemp("whisper")
+def _build(model: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    cfg = typed(compose([f"model={model}", "cache=off"]))
+    out = tmp_path_factory.mktemp(model)
     steps.run_all(cfg, out)
     return cfg, out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    return _build("whisper_tiny", tmp_path_factory)
 
 
 def _features(cfg: Any, seed: int = 3) -> torch.Tensor:
@@ -113,10 +117,7 @@ class _Eager:
 
 @pytest.fixture(scope="module")
 def transducer_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    cfg = typed(compose(["model=transducer_tiny", "cache=off"]))
-    out = tmp_path_factory.mktemp("transducer")
-    steps.run_all(cfg, out)
-    return cfg, out
+    return _build("transducer_tiny", tmp_path_factory)
 
 
 def test_transducer_methods_lower_whole_with_the_predictor_state(transducer_built: tuple[Any, Path]) -> None:
