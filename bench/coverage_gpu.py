@@ -127,7 +127,9 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, other_inputs: Any, pte_pa
             ref = model(*inputs)
             other = model(*[x.cuda() for x in other_inputs])
         loose = model(*inputs)  # PyTorch's defaults: cuDNN convolutions in TF32
-        ours_program = load(pte_path, ptd if ptd.exists() else None, options=RuntimeOptions(cuda_graph=True))
+        # Whole: the engine as a CUDA graph; otherwise engines and the kernels between them as one graph.
+        options = RuntimeOptions(cuda_graph=True) if row["lowered_whole"] else RuntimeOptions(method_graph=True)
+        ours_program = load(pte_path, ptd if ptd.exists() else None, options=options)
         method = ours_program.method("forward")
         rel = _rel_error(method.execute(inputs), ref)
     # eager_tf32_error: how far PyTorch's own default (TF32) execution is from strict fp32, the
@@ -146,10 +148,9 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, other_inputs: Any, pte_pa
         runner = EngineRunner(engine, meta.io_bindings, RuntimeOptions(cuda_graph=True), stream)
         ours = lambda: runner(*inputs)  # noqa: E731
         result["ours"] = "engine"
-    else:  # engines and kernels between them: the whole method as one CUDA graph
-        graphed = load(pte_path, ptd if ptd.exists() else None, options=RuntimeOptions(method_graph=True)).method("forward")
-        ours, stream = (lambda: graphed.execute(inputs)), graphed.stream
-        result["ours"] = ".pte, method graph"
+    else:
+        ours, stream = (lambda: method.execute(inputs)), method.stream
+        result["ours"] = ".pte, method graph" if not row["lowered_whole"] else ".pte"
     onnx = folder / "onnx.engine"
     if onnx.exists():
         onnx_runner = onnx_reference.runner(onnx.read_bytes(), stream)

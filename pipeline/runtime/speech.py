@@ -39,11 +39,12 @@ def transcribe(program: Any, features: torch.Tensor, prompt: Sequence[int] | Non
             raise InputError(f"the program has no {name!r} constant method: it is not a Whisper program "
                              "(build one with pipeline.models.whisper.whisper)")
     tokens = list(prompt) if prompt else [int(program.constant("decoder_start_token_id"))]
-    room = capacity(program) - len(tokens)
+    positions = capacity(program)
+    room = positions - len(tokens)
     steps = room if max_new_tokens is None else int(max_new_tokens)
     if steps < 1 or steps > room:
         raise InputError(f"a prompt of {len(tokens)} tokens and {steps} new ones do not fit the program's cache of "
-                         f"{capacity(program)} positions; ask for 1..{room} new tokens")
+                         f"{positions} positions; ask for 1..{room} new tokens")
     eos = int(program.constant("eos_token_id"))
     suppress = json.loads(program.constant(SUPPRESS_METHOD))
     encoder, decoder = program.method("encoder"), program.method("text_decoder")
@@ -75,6 +76,8 @@ def transcribe_transducer(program: Any, features: torch.Tensor, max_symbols_per_
     Raises:
         InputError: the program is not a transducer program.
     """
+    if max_symbols_per_frame < 1:
+        raise InputError(f"max_symbols_per_frame = {max_symbols_per_frame}: a frame may emit at least 1 token")
     if "blank_id" not in program.constant_names:
         raise InputError("the program has no 'blank_id' constant method: it is not a transducer program "
                          "(build one with pipeline.models.transducer.transducer)")
@@ -109,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with reported():
         program = load(args.pte, args.ptd)
-        features = torch.from_numpy(np.load(args.features))
+        try:
+            features = torch.from_numpy(np.load(args.features))
+        except ValueError as exc:  # not a .npy array (a pickle is never loaded)
+            raise InputError(f"{args.features} is not a .npy array of log-mel features [1, mels, frames] ({exc})") from exc
         if "blank_id" in program.constant_names:
             tokens = transcribe_transducer(program, features)
         else:
