@@ -3,7 +3,9 @@ registry alone (its records and their capability validators)."""
 
 from __future__ import annotations
 
+import difflib
 import operator
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -12,6 +14,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from pipeline.dtypes import ENGINE_DTYPES
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.engine.converters.registry import aten_op, lookup
+from pipeline.errors import CompileSpecError
 
 
 def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None:
@@ -21,7 +24,7 @@ def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None
     if node.target is operator.getitem:
         return None
     name = _op_name(node.target)
-    if spec.torch_executed_ops and (name in spec.torch_executed_ops or name.rsplit(".", 1)[0] in spec.torch_executed_ops):
+    if any(_names(entry, name) for entry in spec.torch_executed_ops):
         return f"kept out of TensorRT by compile spec torch_executed_ops ({name})"
     record = lookup(node.target)
     if record is None:
@@ -34,6 +37,28 @@ def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None
         if reason:
             return reason
     return None
+
+
+def check_executed_ops(methods: Mapping[str, tuple[Sequence[str], torch.fx.Graph]]) -> None:
+    """Refuse a `torch_executed_ops` entry that names no op of the graphs of the methods it applies to
+    (`methods`: per method, its entries and its graph): it would keep nothing out of TensorRT, silently
+    (`aten.max_pool2d_with_indices` where the graph has `aten.max_pool2d`)."""
+    ops = {method: {_op_name(n.target) for n in graph.nodes if n.op == "call_function" and n.target is not operator.getitem}
+           for method, (_, graph) in methods.items()}
+    for entry in dict.fromkeys(e for entries, _ in methods.values() for e in entries):
+        where = sorted(m for m, (entries, _) in methods.items() if entry in entries)
+        if any(_names(entry, op) for m in where for op in ops[m]):
+            continue
+        names = sorted({op.rsplit(".", 1)[0] for m in where for op in ops[m]})
+        close = difflib.get_close_matches(entry.removesuffix(".default"), names, n=3, cutoff=0.6)
+        raise CompileSpecError(f"torch_executed_ops entry {entry!r} names no op of the exported graph of method(s) {where}, "
+                               "so it would keep nothing out of TensorRT" + (f" (the graph has {close})" if close else "")
+                               + "; name an op the graph has, or drop the entry")
+
+
+def _names(entry: str, op: str) -> bool:
+    """Whether a torch_executed_ops entry names `op` ("aten.add.Tensor"): that overload, or the op's every one."""
+    return entry in (op, op.rsplit(".", 1)[0])
 
 
 def _op_name(target: Any) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from pipeline.config import objects
 from pipeline.config.schema import PipelineConfig
 from pipeline.engine.cache import EngineCache
+from pipeline.engine.support import check_executed_ops
 from pipeline.errors import ConfigError, ExportError
 from pipeline.files import atomic_dir
 from pipeline.lowering.compile import compile_program, export_method, written_state
@@ -72,12 +73,13 @@ def _compile_methods(cfg: PipelineConfig, model: Any, out_dir: str | Path, cache
                 raise ExportError(f"compile: method {method!r} of {cfg.model.name}: {exc}") from exc
         timings[method] = seconds()
     state = written_state(exported.values())
+    specs = {method: objects.compile_spec(cfg, method, exported[method]) for method in methods}
+    check_executed_ops({m: (spec.torch_executed_ops, exported[m].graph) for m, spec in specs.items()})
     with atomic_dir(out_dir) as tmp:
         save_constants(objects.program_constants(cfg, model, weights), tmp)  # values the program carries
         for method in methods:
             with step(f"compile: method {method!r} of {cfg.model.name}") as seconds:
-                options = objects.compile_spec(cfg, method, exported[method])
-                program = compile_program(exported[method], inputs[method], options, method, cache, state,
+                program = compile_program(exported[method], inputs[method], specs[method], method, cache, state,
                                           objects.declared_values(methods[method]))
                 save_exported(program, tmp / f"{method}.pt2")
             timings[method] = round(timings[method] + seconds(), 2)

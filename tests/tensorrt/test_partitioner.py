@@ -1,6 +1,7 @@
 """Partitioning a model with an op TensorRT cannot take: TensorRT takes the parts around it, the
 rest lowers to portable ops, or to XNNPACK when XNNPACK follows TensorRT in the chain."""
 
+import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
@@ -65,3 +66,20 @@ def test_which_ops_stay_whole_is_a_fact_of_their_converter_record() -> None:
     assert {aten.linear.default, aten.softmax.int, aten.layer_norm.default} <= kept
     for op in (aten.scaled_dot_product_attention.default, aten.flip.default, aten.full_like.default):
         assert lookup(op).decomposes and op not in kept  # type: ignore[union-attr]
+
+
+def test_an_executed_op_no_method_has_is_refused_before_any_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An entry naming an op the graph lacks (the graph's op under another name) would keep nothing
+    out of TensorRT; the compile step refuses it, in one line naming the graph's close ops."""
+    from pipeline.config.compose import compose
+    from pipeline.config.schema import typed
+    from pipeline.errors import CompileSpecError
+    from pipeline.steps.compile import run_compile
+
+    cfg = typed(compose(["model=mlp", "compile.torch_executed_ops=[aten.gelu,aten.gelu_backward]"]))
+    with pytest.raises(CompileSpecError) as caught:
+        run_compile(cfg, tmp_path / "compiled")
+    assert str(caught.value) == ("torch_executed_ops entry 'aten.gelu_backward' names no op of the exported graph of "
+                                 "method(s) ['forward'], so it would keep nothing out of TensorRT (the graph has "
+                                 "['aten.gelu']); name an op the graph has, or drop the entry")
+    assert not (tmp_path / "compiled").exists()
