@@ -24,6 +24,7 @@ from pipeline.delegate import blob, record
 from pipeline.engine.compile_spec import METHOD_KEY, TensorRTCompileSpec
 from pipeline.errors import ExportError
 from pipeline.executorch_api import edge_programs
+from pipeline.lowering.kernel_ops import fewer_kernels
 from pipeline.lowering.partitioner import TensorRTPartitioner
 from pipeline.lowering.report import lowering_report
 
@@ -88,6 +89,8 @@ def export(
         generate_etrecord=generate_etrecord,
     )
     _keep_lower_bounds(manager, staged)
+    for program in edge_programs(manager).values():
+        fewer_kernels(program)
     return Lowered(manager, lowering_report(edge_programs(manager), {m: trt[m].record for m in methods}))
 
 
