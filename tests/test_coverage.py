@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.coverage.run import row_key, run_suite, suite_config
-from pipeline.coverage.suite import FAST, TIMM, Entry, entries, select
+from pipeline.coverage.suite import DECODERS, FAST, TIMM, Entry, entries, select
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.lowering.compile import compile_method
 from pipeline.lowering.export import export
@@ -20,12 +20,18 @@ from pipeline.lowering.serialize import save
 def test_suite_has_every_family() -> None:
     suite = entries()
     sources = {e.source for e in suite}
-    assert sources == {"torchvision", "torchvision-segmentation", "timm", "hf", "hf-decoder"}
+    assert sources == {"torchvision", "torchvision-segmentation", "timm", "hf", "hf-decoder", "speech"}
     assert sum(e.source == "hf-decoder" for e in suite) >= 10
+    assert {name: sorted(e.model["methods"]) for e in select(slice_="speech") for name in [e.name]} == {
+        "speech/whisper_tiny": ["encoder", "text_decoder"], "speech/transducer_tiny": ["decoder_step", "encoder", "joint"]}
     assert sum(e.source == "timm" for e in suite) >= 40 and sum(e.source == "torchvision" for e in suite) >= 80
     assert {e.name for e in select(slice_="fast")} == set(FAST)
     with pytest.raises(ValueError, match="not in the suite"):
         select(["timm/no_such_net"])
+    (held,) = select(["hf-decoder/bloom"])  # a causal-LM type outside the suite, at the suite's size
+    assert "bloom" not in DECODERS and held.source == "hf-decoder" and held.model["kwargs"]["architecture"] == "bloom"
+    with pytest.raises(ValueError, match="not in the suite"):
+        select(["hf-decoder/no_such_type"])
 
 
 def test_a_timm_architecture_outside_the_suite_lowers_whole_through_the_command(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", help="suite names (timm/resnet50) or prefixes (hf/), or any timm architecture "
                         "(held-out models); default: the slice")
     parser.add_argument("--slice", default="all", help="all, fast (the CI slice), or one source: torchvision, "
-                        "torchvision-segmentation, timm, hf, hf-decoder")
+                        "torchvision-segmentation, timm, hf, hf-decoder, speech")
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="models built at once (default: cores)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one model may take")

@@ -1,6 +1,7 @@
 """The coverage suite: real models from torchvision, timm and Hugging Face `transformers`, each as the
 `model` section a config would hold (a plain `_target_` with its own kwargs, seeded random weights
-in which every layer changes the output, nothing downloaded) plus its example input."""
+in which every layer changes the output, nothing downloaded) plus its example input; and the
+multi-method programs (decoders, speech) as their configs build them."""
 
 from __future__ import annotations
 
@@ -67,11 +68,17 @@ DECODER_SIZE: dict[str, Any] = {
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 128,
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
-    "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}  # mixtures of experts
+    "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,  # mixtures of experts
+    "rotary_dim": 8,  # GPT-J, CodeGen: rotary dims within a head
+    "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32, "q_lora_rank": 32,  # latent attention
+    "attention_types": [[["global", "local"], 1]]}  # GPT-Neo: one pair of layer kinds for the two layers
 DECODERS = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "phi",
             "phi3", "gpt2", "gpt_neox", "opt", "olmo", "olmo2", "granite", "stablelm", "starcoder2", "smollm3",
             "cohere", "glm", "nemotron", "exaone4", "persimmon")
 DECODER_CACHE = 32
+
+# Speech programs, by their model config (`conf/model/<name>.yaml`): the methods a user builds.
+SPEECH = ("whisper_tiny", "transducer_tiny")
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ class Entry:
     """One suite model: its name, source, `model` config section and input."""
 
     name: str
-    source: str  # torchvision | torchvision-segmentation | timm | hf
+    source: str  # torchvision | torchvision-segmentation | timm | hf | hf-decoder | speech
     model: dict[str, Any] = field(hash=False)
 
     @property
@@ -109,14 +116,15 @@ def entries() -> list[Entry]:
     for name, (arch, config, item) in HF.items():
         out.append(_entry(f"hf/{name}", "hf", "pipeline.models.hf.encoder", {"architecture": arch, **config}, item))
     out.extend(_decoder(family) for family in DECODERS)
+    out.extend(_speech(name) for name in SPEECH)
     return out
 
 
 def select(names: list[str] | None = None, slice_: str = "all") -> list[Entry]:
     """Suite entries by slice ("all", "fast", or a source) and then by name (exact, or a prefix such as
-    "timm/"); a timm architecture outside the suite (`timm/<name>`, any that `timm.list_models()`
-    knows) is built like the suite's timm models, so held-out models run through the same command.
-    An unknown name is an error naming the suite's sources."""
+    "timm/"); a timm architecture or a causal-LM model type of transformers outside the suite
+    (`timm/<name>`, `hf-decoder/<model type>`) is built like the suite's own, so held-out models run
+    through the same command. An unknown name is an error naming the suite's sources."""
     chosen = entries()
     if slice_ == "fast":
         chosen = [e for e in chosen if e.name in FAST]
@@ -125,14 +133,22 @@ def select(names: list[str] | None = None, slice_: str = "all") -> list[Entry]:
     if names:
         picked = [e for e in chosen if any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for n in names)]
         unknown = [n for n in names if not any(e.name == n or (n.endswith("/") and e.name.startswith(n)) for e in chosen)]
-        known = _timm_architectures() if any(n.startswith("timm/") for n in unknown) else set()
-        held_out = [_timm(n[5:]) for n in unknown if n.startswith("timm/") and n[5:] in known]
+        held_out = _held_out(unknown)
         unknown = [n for n in unknown if n not in {e.name for e in held_out}]
         if unknown:
             raise ConfigError(f"not in the suite: {unknown}; names look like 'timm/resnet50' or a prefix like 'hf/' "
-                              "(any timm architecture may be named)")
+                              "(any timm architecture, or any causal-LM model type as 'hf-decoder/<type>', may be named)")
         chosen = picked + held_out
     return chosen
+
+
+def _held_out(names: list[str]) -> list[Entry]:
+    """Entries for the timm architectures and causal-LM model types among `names` that the suite lacks."""
+    timm_names = _timm_architectures() if any(n.startswith("timm/") for n in names) else set()
+    decoder_types = _causal_lm_types() if any(n.startswith("hf-decoder/") for n in names) else set()
+    out = [_timm(n[5:]) for n in names if n.startswith("timm/") and n[5:] in timm_names]
+    out += [_decoder(n[11:]) for n in names if n.startswith("hf-decoder/") and n[11:] in decoder_types]
+    return out
 
 
 def first_output(out: Any) -> Any:
@@ -162,6 +178,23 @@ def _decoder(family: str) -> Entry:
     section = {"name": f"hf-decoder-{family}", "_target_": "pipeline.models.hf.decoder", "kwargs": kwargs, "seed": 0,
                "methods": {"prefill": step, "decode": step}}
     return Entry(f"hf-decoder/{family}", "hf-decoder", section)
+
+
+def _causal_lm_types() -> set[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _speech(name: str) -> Entry:
+    from omegaconf import OmegaConf
+
+    from pipeline.config.compose import CONF_DIR
+
+    loaded = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
+    assert isinstance(loaded, dict)
+    section = {str(key): value for key, value in loaded.items() if key != "defaults"}
+    return Entry(f"speech/{name}", "speech", section)
 
 
 def _timm(name: str) -> Entry:
