@@ -80,19 +80,16 @@ def _constant(program: ExportedProgram, value: torch.Tensor, val: torch.Tensor) 
     existing = next(iter(program.graph.find_nodes(op="placeholder", target=name)), None)
     if existing is not None:
         return existing
-    first = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name in _user_inputs(program))
-    with program.graph.inserting_before(first):
+    specs = program.graph_signature.input_specs
+    at = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
+    placeholders = list(program.graph.find_nodes(op="placeholder"))  # in the order of the input specs
+    before = placeholders[at] if at < len(placeholders) else next(n for n in program.graph.nodes if n.op != "placeholder")
+    with program.graph.inserting_before(before):
         node = program.graph.placeholder(name)
     node.meta["val"] = val
     program.constants[name] = value
-    specs = program.graph_signature.input_specs
-    at = next(i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT)
     specs.insert(at, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(name), name))
     return node
-
-
-def _user_inputs(program: ExportedProgram) -> set[str]:
-    return {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}  # type: ignore[union-attr]
 
 
 def _drop_unread(program: ExportedProgram, placeholders: list[torch.fx.Node]) -> None:
