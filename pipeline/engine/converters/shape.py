@@ -158,7 +158,10 @@ def slice_(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: di
     x = args[0]
     rank = len(x.shape)
     axis = norm_dim(int(v.arg(node, 1, "dim", 0)), rank)
-    start, end, step = v.arg(node, 2, "start", None), v.arg(node, 3, "end", None), int(v.arg(node, 4, "step", 1))
+    # bounds from the converted args: a SymInt bound arrives as the ITensor of its size expression
+    start, end, step = (args[i] if len(args) > i else kwargs.get(name, d) for i, name, d in (
+        (2, "start", None), (3, "end", None), (4, "step", 1)))
+    step = int(step)
     sizes = ctx.dims(x)
     size = sizes[axis]
     start = _clip(ctx, 0 if start is None else start, size)

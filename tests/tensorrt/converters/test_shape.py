@@ -46,6 +46,8 @@ DYNAMIC = {
     "unsqueeze_squeeze": lambda m, x: x.unsqueeze(1).squeeze(1) * 2,
     "expand": lambda m, x: x[:, :1].expand(-1, 3, 4, 6) * 2,
     "slice": lambda m, x: x[:, 1:, ::2] * 2,
+    # a bound the batch gives (GPT-Neo's causal mask: the last T rows of a fixed one)
+    "slice_symbolic_bound": lambda m, x: x * torch.arange(16.0)[16 - x.shape[0]:].reshape(-1, 1, 1, 1),
     "select": lambda m, x: x[:, 0] * 2,
     "cat": lambda m, x: torch.cat([x, x], dim=0) * 2,
     "unfold": lambda m, x: x.unfold(3, 2, 2) * 2,
