@@ -44,7 +44,14 @@ def test_bad_decoder_kwargs_are_one_line(kwargs: dict[str, object], message: str
     assert str(error.value).startswith(message), error.value
 
 
-@pytest.mark.parametrize("family", suite.DECODERS)
+# Families outside the suite that each need more of the wrapper than the suite's: latent attention
+# (keys wider than values, one K/V head) with complex rotary embeddings and an unsorted top-k router
+# (DeepSeek-V2), multi-query attention (Falcon), a mask of start + T ones made from the cache's length
+# (BioGPT).
+HELPED = ("deepseek_v2", "falcon", "biogpt")
+
+
+@pytest.mark.parametrize("family", suite.DECODERS + HELPED)
 def test_every_suite_family_steps_as_transformers_does(family: str) -> None:
     """Any causal-LM type transformers has, by its model type: the decoder (sdpa or eager attention
     as the family allows, experts as gathered batched matmuls, the static cache) gives, for a prompt
@@ -62,6 +69,16 @@ def test_every_suite_family_steps_as_transformers_does(family: str) -> None:
         want = reference(tokens, use_cache=False).logits
         got = [model.prefill(tokens[:, :6])] + [model.decode(tokens[:, i:i + 1], torch.tensor([i])) for i in range(6, 9)]
     torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", (*HELPED, "opt"))
+def test_families_that_need_the_wrapper_lower_whole(family: str, tmp_path: Path) -> None:
+    """Built as the coverage suite builds a decoder (its tiny size, fp32, on the CPU): prefill and
+    decode one engine, nothing left outside (OPT: the length its unused mask of start + T ones read
+    from the cache stays out of the program, with the assertions on it)."""
+    (entry,) = suite.select([f"hf-decoder/{family}"])
+    row = build_row(entry, "fp32", tmp_path)
+    assert row["lowered_whole"] and row["engines"] == 2, row
 
 
 # llama_tiny's engine has a one-token profile for decode besides the whole token range (one engine,

@@ -170,6 +170,8 @@ def _decoder(family: str) -> Entry:
         known = {*config_class().to_dict(), *getattr(config_class, "attribute_map", {})}
     finally:
         hf_logging.set_verbosity(verbosity)
+    if "kv_lora_rank" in known:  # latent attention: keys and values per head, however many there are
+        known.discard("num_key_value_heads")
     kwargs = {"architecture": family, "max_cache_len": DECODER_CACHE,
               **{k: v for k, v in DECODER_SIZE.items() if k in known}}
     step = {"function": "step", "dims": {"tokens": {"min": 1, "max": DECODER_CACHE}}, "dynamic": {0: {1: "tokens"}},

@@ -28,6 +28,7 @@ from pipeline.engine.cache import EngineCache
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.engine.network import GraphSource
 from pipeline.errors import ExportError, PipelineError, UnsupportedOperatorError
+from pipeline.lowering.complex_pairs import complex_as_pairs
 from pipeline.lowering.constant_fold import ENGINE_COMPUTES, attr, content_digest, fold_constants, written_buffers
 from pipeline.lowering.fused_attention import fuse_attention
 from pipeline.lowering.grouped_query import share_kv_heads
@@ -139,6 +140,7 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
     gm = program.module()
     quantize.check_keep(spec.quantize, [n for n, _ in (*gm.named_parameters(), *gm.named_buffers())], method)
     drop_metadata_asserts(gm)
+    complex_as_pairs(gm)
     state = written_buffers(gm) | frozenset(state)  # never constants: what a method reads, another may have written
     given = {name for name, _ in gm.named_buffers()}
     fold_constants(gm, state)
@@ -188,11 +190,45 @@ def _drop_unread(gm: torch.fx.GraphModule, given: set[str]) -> None:
 
 
 def drop_metadata_asserts(gm: torch.fx.GraphModule) -> None:
-    """Remove dtype/device assertions (`_assert_tensor_metadata`): export checked them, they hold for
-    every input the program accepts, and they compute nothing."""
+    """Remove the assertions that guard nothing the program computes: dtype/device ones
+    (`_assert_tensor_metadata`: export checked them, they hold for every input the program accepts),
+    and those on a number read from a tensor (`item`) that only assertions read (a size whose tensor
+    export dropped as unused: OPT's mask of start + T ones, once the positions are given)."""
     for node in list(gm.graph.nodes):
         if node.target is torch.ops.aten._assert_tensor_metadata.default and not node.users:
             gm.graph.erase_node(node)
+    for node in list(gm.graph.nodes):
+        if node.target in _READS_NUMBER:
+            cone = _number_uses(node)
+            if cone is not None:
+                for user in reversed(cone):
+                    gm.graph.erase_node(user)
+                gm.graph.erase_node(node)
+    gm.recompile()
+
+
+_READS_NUMBER = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+_ASSERTS = (torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range.default,
+            torch.ops.aten.sym_constrain_range_for_size.default)
+
+
+def _number_uses(node: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """Every node that reads the number `node` reads, in graph order, when they are only arithmetic on
+    numbers and assertions; None when any tensor op reads it."""
+    seen: dict[torch.fx.Node, None] = {}
+    todo = list(node.users)
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        numeric = user.op == "call_function" and not isinstance(user.target, torch._ops.OpOverload) \
+            and isinstance(user.meta.get("val"), (torch.SymInt, torch.SymBool, torch.SymFloat, int, bool))
+        if user.target not in _ASSERTS and not numeric:
+            return None
+        seen[user] = None
+        todo.extend(user.users)
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    return sorted(seen, key=order.__getitem__)
 
 
 def _flat_dims(program: ExportedProgram) -> tuple[dict[int, Any], ...] | None:

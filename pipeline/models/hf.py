@@ -6,6 +6,7 @@ folder runs (`trust_remote_code` is refused)."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -119,10 +120,32 @@ class Decoder(torch.nn.Module):
         except (AttributeError, TypeError, ValueError) as exc:
             raise ConfigError(f"a {type(model).__name__} gets no static KV cache from transformers ({_first_line(exc)}); "
                               "decoder programs keep a KV cache, so this family cannot build as one") from exc
+        self._inputs = frozenset(inspect.signature(model.forward).parameters)
+        self._fit_cache(model)
         recurrent = [type(layer).__name__ for layer in self.model.static_cache.layers if not hasattr(layer, "keys")]
         if recurrent:
             raise ConfigError(f"a {type(model).__name__} keeps a recurrent state ({recurrent[0]}), not only a KV cache; "
                               "decoder programs keep a KV cache, so this family cannot build as one")
+
+    def _fit_cache(self, model: Any) -> None:
+        """Give each layer's static cache the heads and widths of the keys and values its attention
+        writes, as one step of one token with a cache of its own finds them: transformers sizes the
+        cache from the config's K/V heads and head width, which multi-query attention (Falcon,
+        GPT-BigCode: one K/V head) and latent attention (DeepSeek-V2/V3, MiniCPM3: keys wider than
+        values) do not write."""
+        with torch.no_grad():
+            out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=model.device), use_cache=True)
+        written = out["cache"] if "cache" in out else out["past_key_values"]
+        for i, (layer, probe) in enumerate(zip(self.model.static_cache.layers, written.layers)):
+            for kind, buffer in (("keys", f"key_cache_{i}"), ("values", f"value_cache_{i}")):
+                have, wrote = getattr(layer, kind, None), getattr(probe, kind, None)
+                if not isinstance(have, torch.Tensor) or not isinstance(wrote, torch.Tensor) or not have.numel():
+                    continue  # a layer that shares another's cache keeps none
+                shape = (have.shape[0], wrote.shape[1], have.shape[2], wrote.shape[3])
+                if tuple(have.shape) != shape:
+                    fitted = torch.zeros(shape, dtype=have.dtype, device=have.device)
+                    setattr(layer, kind, fitted)
+                    self.model.register_buffer(buffer, fitted, persistent=False)
 
     @property
     def program_constants(self) -> dict[str, int | str]:
@@ -159,7 +182,22 @@ class Decoder(torch.nn.Module):
                 layer.cumulative_length = getattr(self.model, f"cumulative_length_{i}")
             if hasattr(layer, "device"):  # set when the cache was made; the module may have moved since
                 layer.device = layer.keys.device
-        return self.model(input_ids=tokens, cache_position=positions)
+        # The positions, and a mask of the whole cache, as inputs of the causal LM: families that derive
+        # them from the cache's length as a number (OPT's and BioGPT's mask of start + T ones, XGLM's
+        # arange of positions) make a size that depends on a value, which no engine takes. The
+        # exportable wrapper passes neither, so they go in by a hook for the one call.
+        given = {"position_ids": positions[None],
+                 "attention_mask": torch.ones(1, self.max_cache_len, dtype=torch.long, device=tokens.device)}
+        given = {name: value for name, value in given.items() if name in self._inputs}
+
+        def with_given(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            return args, {**kwargs, **given}
+
+        handle = self.model.model.register_forward_pre_hook(with_given, with_kwargs=True)
+        try:
+            return self.model(input_ids=tokens, cache_position=positions)
+        finally:
+            handle.remove()
 
     def forward(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         return self.step(tokens, start)

@@ -10,7 +10,7 @@ import torch
 
 from pipeline.engine.context import ConversionContext, torch_to_trt
 from pipeline.engine.converters import _validators as v
-from pipeline.engine.converters._layers import elementwise, ew_ops
+from pipeline.engine.converters._layers import broadcast, elementwise, ew_ops
 from pipeline.engine.converters.registry import aten_op, converter
 from pipeline.engine.trt_api import trt
 
@@ -73,13 +73,16 @@ def _dynamic_arange(ctx: ConversionContext, node: Node, args: tuple[Any, ...]) -
     return ctx.cast(layer.get_output(0), ctx.node_dtype(node))
 
 
-def _static_like(node: Node, spec: Any) -> str | None:
-    if not all(isinstance(d, int) for d in node.meta["val"].shape):
-        return "full_like needs a static shape"
+def _constant_fill(node: Node, spec: Any) -> str | None:
     return None if not isinstance(v.arg(node, 1, "fill_value"), Node) else "fill_value must be a constant"
 
 
-@converter(aten.full_like.default, validator=_static_like, decomposes=True)
+@converter(aten.full_like.default, validator=_constant_fill, decomposes=True)
 def full_like(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The fill value as a constant of the input's shape; where a dim is dynamic (rotary angles' ones
+    over the tokens), one element broadcast to the input's runtime sizes."""
     val = node.meta["val"]
-    return ctx.constant(torch.full(tuple(val.shape), args[1], dtype=val.dtype), ctx.node_dtype(node))
+    if all(isinstance(d, int) for d in val.shape):
+        return ctx.constant(torch.full(tuple(val.shape), args[1], dtype=val.dtype), ctx.node_dtype(node))
+    one = ctx.constant(torch.full((1,) * val.dim(), args[1], dtype=val.dtype), ctx.node_dtype(node))
+    return broadcast(ctx, one, ctx.dims(args[0]))

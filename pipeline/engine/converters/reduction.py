@@ -164,13 +164,13 @@ def _drop_dim(ctx: ConversionContext, x: Any, dim: int) -> Any:
 def _topk_ok(node: Node, spec: Any) -> str | None:
     if not isinstance(node.args[1], int) or node.args[1] > 3840:
         return "k must be a constant of at most 3840 (TensorRT's top-k limit)"
-    if not v.arg(node, 4, "sorted", True):
-        return "unsorted top-k is not supported"
     return _static_dim(2, "dim")(node, spec)
 
 
 @converter(aten.topk.default, validator=v.all_of(v.tensor_dtypes(v.NUMERIC_DTYPES), _topk_ok))
 def topk(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """TensorRT's top-k, largest or smallest first; `sorted=False` (any order: a mixture of experts'
+    router) gets that order too."""
     x = ctx.cast(args[0], ctx.node_dtype(node))
     dim = norm_dim(int(v.arg(node, 2, "dim", -1)), len(x.shape))
     return _topk_layer(ctx, x, int(args[1]), dim, bool(v.arg(node, 3, "largest", True)))

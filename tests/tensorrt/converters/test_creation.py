@@ -1,5 +1,7 @@
 """arange up to a dynamic size (the positions of a variable-length input, as a decoder's prefill
-computes them) becomes a fill layer inside the engine; a float one stays out, with its reason."""
+computes them) becomes a fill layer inside the engine; a float one stays out, with its reason.
+full_like of a dynamic shape (the unit magnitudes of rotary angles over the tokens) is one element
+broadcast."""
 
 import pytest
 import torch
@@ -26,3 +28,8 @@ def test_float_dynamic_arange_is_refused_with_its_reason() -> None:
                            TensorRTCompileSpec(), dynamic_shapes=(({1: Dim("n", min=3, max=64)},),))
     reasons = {r["op"]: r["reason"] for r in partitioner.record.refused.values()}
     assert reasons.get("aten.arange.start_step") == "an arange up to a dynamic size must be of integers", reasons
+
+
+def test_full_like_of_a_dynamic_shape_builds_engine() -> None:
+    check_converter(Fn(lambda m, x: x * torch.full_like(x, 3.0) + torch.ones_like(x)), (torch.randn(2, 7, 4),),
+                    dynamic_shapes=(({1: Dim("tokens", min=1, max=64)},),))

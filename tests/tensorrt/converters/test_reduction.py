@@ -26,6 +26,7 @@ CASES = {
     "all": lambda m, x: torch.stack([(x > -9).all(), (x > 0).all()]),  # True and False: not a constant
     "topk": lambda m, x: x.topk(2, -1).values,
     "topk_indices": lambda m, x: x.topk(3, 1, largest=False).indices,
+    "topk_unsorted": lambda m, x: x.topk(3, -1, sorted=False).values.sum(-1),  # any order: summed
     "var": lambda m, x: x.var(-1) + x.std((1, 2), keepdim=True).sum(),
     "var_mean": lambda m, x: torch.var_mean(x, -1, correction=0)[0],
     "norm": lambda m, x: torch.linalg.vector_norm(x, dim=-1) + x.norm(p=1, dim=1).sum(),
