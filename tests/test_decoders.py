@@ -47,8 +47,9 @@ def test_bad_decoder_kwargs_are_one_line(kwargs: dict[str, object], message: str
 # Families outside the suite that each need more of the wrapper than the suite's: latent attention
 # (keys wider than values, one K/V head) with complex rotary embeddings and an unsorted top-k router
 # (DeepSeek-V2), multi-query attention (Falcon), a mask of start + T ones made from the cache's length
-# (BioGPT).
-HELPED = ("deepseek_v2", "falcon", "biogpt")
+# (BioGPT), a cache layer that keeps indexer keys and their length besides keys and values
+# (DeepSeek-V3.2), positions through BART's learned embedding of a decoder-only BART.
+HELPED = ("deepseek_v2", "falcon", "biogpt", "deepseek_v32", "bart")
 
 
 @pytest.mark.parametrize("family", suite.DECODERS + HELPED)
@@ -56,7 +57,7 @@ def test_every_suite_family_steps_as_transformers_does(family: str) -> None:
     """Any causal-LM type transformers has, by its model type: the decoder (sdpa or eager attention
     as the family allows, experts as gathered batched matmuls, the static cache) gives, for a prompt
     and then decode steps, the logits transformers' own model with its defaults gives for the whole
-    sequence without a cache."""
+    sequence without a cache; and a new prompt after them, its own logits."""
     import transformers
 
     (entry,) = suite.select([f"hf-decoder/{family}"])
@@ -68,7 +69,10 @@ def test_every_suite_family_steps_as_transformers_does(family: str) -> None:
     with torch.no_grad():
         want = reference(tokens, use_cache=False).logits
         got = [model.prefill(tokens[:, :6])] + [model.decode(tokens[:, i:i + 1], torch.tensor([i])) for i in range(6, 9)]
+        again = model.prefill(tokens[:, 3:7])  # a new prompt: nothing of the last one's state counts
     torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(again, reference(tokens[:, 3:7], use_cache=False).logits, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("family", (*HELPED, "opt"))

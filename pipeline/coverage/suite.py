@@ -69,7 +69,10 @@ DECODER_SIZE: dict[str, Any] = {
     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 128,
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
     "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,  # mixtures of experts
+    "n_shared_experts": 1,  # dots.llm1: its default has none, which its shared expert's size multiplies
+    "num_kv_shared_layers": 0,  # Gemma-3n: by default its last 15 layers read earlier ones' caches; 2 layers here
     "rotary_dim": 8,  # GPT-J, CodeGen: rotary dims within a head
+    "decoder_layers": 2, "decoder_attention_heads": 4, "decoder_ffn_dim": 128,  # BART-style decoders
     "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "kv_lora_rank": 32, "q_lora_rank": 32,  # latent attention
     "attention_types": [[["global", "local"], 1]]}  # GPT-Neo: one pair of layer kinds for the two layers
 DECODERS = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "phi",

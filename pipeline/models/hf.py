@@ -121,6 +121,7 @@ class Decoder(torch.nn.Module):
             raise ConfigError(f"a {type(model).__name__} gets no static KV cache from transformers ({_first_line(exc)}); "
                               "decoder programs keep a KV cache, so this family cannot build as one") from exc
         self._inputs = frozenset(inspect.signature(model.forward).parameters)
+        self._more_state: list[tuple[int, str]] = []  # (layer, attribute): cache state besides keys and values
         self._fit_cache(model)
         recurrent = [type(layer).__name__ for layer in self.model.static_cache.layers if not hasattr(layer, "keys")]
         if recurrent:
@@ -135,7 +136,10 @@ class Decoder(torch.nn.Module):
         values) do not write."""
         with torch.no_grad():
             out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=model.device), use_cache=True)
-        written = out["cache"] if "cache" in out else out["past_key_values"]
+        written = out.get("cache", out.get("past_key_values"))
+        if written is None:
+            raise ConfigError(f"a {type(model).__name__} returns no KV cache from a step (transformers keeps none for it); "
+                              "decoder programs keep a KV cache, so this family cannot build as one")
         for i, (layer, probe) in enumerate(zip(self.model.static_cache.layers, written.layers)):
             for kind, buffer in (("keys", f"key_cache_{i}"), ("values", f"value_cache_{i}")):
                 have, wrote = getattr(layer, kind, None), getattr(probe, kind, None)
@@ -146,6 +150,23 @@ class Decoder(torch.nn.Module):
                     fitted = torch.zeros(shape, dtype=have.dtype, device=have.device)
                     setattr(layer, kind, fitted)
                     self.model.register_buffer(buffer, fitted, persistent=False)
+        if any(_more_state(probe) for probe in written.layers):
+            self._keep_more_state()
+
+    def _keep_more_state(self) -> None:
+        """State a cache layer makes on its first step besides keys and values (DeepSeek-V3.2's indexer
+        keys) becomes buffers too, so the program keeps it: one step of one token through the static
+        cache makes it at its static size; then every cache tensor starts from zeros again."""
+        device = next(buffer.device for buffer in self.model.buffers())
+        with torch.no_grad():
+            self.step(torch.zeros(1, 1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device))
+        for i, layer in enumerate(self.model.static_cache.layers):
+            for name in _more_state(layer):
+                self.model.register_buffer(f"{name}_{i}", getattr(layer, name), persistent=False)
+                self._more_state.append((i, name))
+            for value in vars(layer).values():
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
 
     @property
     def program_constants(self) -> dict[str, int | str]:
@@ -180,6 +201,12 @@ class Decoder(torch.nn.Module):
             layer.values = getattr(self.model, f"value_cache_{i}")
             if hasattr(self.model, f"cumulative_length_{i}"):
                 layer.cumulative_length = getattr(self.model, f"cumulative_length_{i}")
+            for index, name in self._more_state:
+                if index == i:
+                    state = getattr(self.model, f"{name}_{i}")
+                    setattr(layer, name, state)
+                    if state.dim() == 0 and not state.is_floating_point():  # a length besides the cache's own:
+                        state.copy_(positions[0])  # it starts where the step starts, as the wrapper sets that one
             if hasattr(layer, "device"):  # set when the cache was made; the module may have moved since
                 layer.device = layer.keys.device
         # The positions, and a mask of the whole cache, as inputs of the causal LM: families that derive
@@ -249,6 +276,12 @@ def decoder(architecture: str | None = None, max_cache_len: int = 0, dtype: str 
                           f"{model_class.__name__} ({_first_line(exc)}); drop it (sdpa where the family has it, else eager)") from exc
     model = model.to(row.torch).eval().requires_grad_(False)
     return Decoder(model, int(max_cache_len), tokenizer.from_folder(folder) if folder is not None else None).eval()
+
+
+def _more_state(layer: Any) -> list[str]:
+    """The tensors a cache layer holds besides its keys, values and length."""
+    return [name for name, value in vars(layer).items()
+            if isinstance(value, torch.Tensor) and name not in ("keys", "values", "cumulative_length")]
 
 
 def _has_experts(model_class: Any) -> bool:

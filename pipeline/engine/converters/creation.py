@@ -50,7 +50,7 @@ def _created_ok(node: Node, spec: Any) -> str | None:
     return None
 
 
-@converter(aten.full.default, aten.scalar_tensor.default, *_ARANGE, validator=_created_ok, decomposes=True)
+@converter(aten.scalar_tensor.default, *_ARANGE, validator=_created_ok, decomposes=True)
 def constant_tensor(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if aten_op(node.target) in _ARANGE and any(isinstance(b, Node) for b in _arange_bounds(node)):
         return _dynamic_arange(ctx, node, args)
@@ -75,6 +75,17 @@ def _dynamic_arange(ctx: ConversionContext, node: Node, args: tuple[Any, ...]) -
 
 def _constant_fill(node: Node, spec: Any) -> str | None:
     return None if not isinstance(v.arg(node, 1, "fill_value"), Node) else "fill_value must be a constant"
+
+
+@converter(aten.full.default, validator=_constant_fill, decomposes=True)
+def full(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The fill value as a constant of the size; where a size is dynamic (a mask over the tokens), one
+    element broadcast to the sizes (a size from the graph arrives as an ITensor)."""
+    val = node.meta["val"]
+    if all(isinstance(d, int) for d in val.shape):
+        return ctx.constant(torch.full(tuple(val.shape), args[1], dtype=val.dtype), ctx.node_dtype(node))
+    one = ctx.constant(torch.full((1,) * val.dim(), args[1], dtype=val.dtype), ctx.node_dtype(node))
+    return broadcast(ctx, one, list(args[0]))
 
 
 @converter(aten.full_like.default, validator=_constant_fill, decomposes=True)

@@ -1,7 +1,9 @@
 """arange up to a dynamic size (the positions of a variable-length input, as a decoder's prefill
 computes them) becomes a fill layer inside the engine; a float one stays out, with its reason.
-full_like of a dynamic shape (the unit magnitudes of rotary angles over the tokens) is one element
-broadcast."""
+full and full_like of a dynamic shape (a mask over the tokens, the unit magnitudes of rotary angles)
+are one element broadcast."""
+
+from typing import Any
 
 import pytest
 import torch
@@ -30,6 +32,9 @@ def test_float_dynamic_arange_is_refused_with_its_reason() -> None:
     assert reasons.get("aten.arange.start_step") == "an arange up to a dynamic size must be of integers", reasons
 
 
-def test_full_like_of_a_dynamic_shape_builds_engine() -> None:
-    check_converter(Fn(lambda m, x: x * torch.full_like(x, 3.0) + torch.ones_like(x)), (torch.randn(2, 7, 4),),
-                    dynamic_shapes=(({1: Dim("tokens", min=1, max=64)},),))
+@pytest.mark.parametrize("fill", {
+    "full_like": lambda m, x: x * torch.full_like(x, 3.0) + torch.ones_like(x),
+    "full": lambda m, x: x * torch.full((x.shape[0], x.shape[1], 1), 3.0) + torch.ones(x.shape[1], 4),
+}.items(), ids=lambda item: item[0])
+def test_a_fill_of_a_dynamic_shape_builds_engine(fill: tuple[str, Any]) -> None:
+    check_converter(Fn(fill[1]), (torch.randn(2, 7, 4),), dynamic_shapes=(({1: Dim("tokens", min=1, max=64)},),))
