@@ -53,6 +53,29 @@ def test_dynamic_dims_stay_shared_and_output_shapes_follow_inputs() -> None:
     assert meta.inputs and all(b.dtype in ("float32", "int64") for b in meta.io_bindings)
 
 
+class SizeTwice(torch.nn.Module):
+    """The token count used on both sides of an op left outside: the second engine would take it as
+    an input (a number, which engines do not take) where it computes it from its own inputs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        y = (x * torch.arange(n).float()[:, None]).relu()
+        return y * torch.full((2, n, 4), 2.0) + torch.arange(2 * n + 1)[:n].float()[:, None]
+
+
+def test_a_size_two_engines_use_is_computed_in_each() -> None:
+    x = torch.randn(2, 7, 4)
+    program = compile_method(SizeTwice(), (x,), TensorRTCompileSpec(torch_executed_ops=("aten.relu.default",)),
+                             dynamic_shapes=({1: Dim("tokens", min=1, max=64)},))
+    calls = _calls(program)
+    assert len(calls) == 2
+    for call in calls:
+        assert all(isinstance(arg.meta["val"], torch.Tensor) for arg in call.args[0])
+    if GPU:
+        x = torch.randn(2, 11, 4)
+        assert_close(program.module()(x.cuda()), SizeTwice()(x), "fp32")
+
+
 def test_a_profile_naming_no_dynamic_dim_is_one_line() -> None:
     batch = Dim("batch", min=1, max=8)
     spec = TensorRTCompileSpec(profiles=({"s999": (1, 1, 1)},))

@@ -289,13 +289,16 @@ def _constant_work_left(gm: torch.fx.GraphModule, blocks: list[list[torch.fx.Nod
 def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],
                          spec: TensorRTCompileSpec, label: str, cache: EngineCache | None, state: frozenset[str]) -> None:
     sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
+    for ph, arg in zip([n for n in sub.graph.nodes if n.op == "placeholder"], call.args):
+        assert isinstance(arg, torch.fx.Node)
+        ph.meta.setdefault("val", arg.meta.get("val"))
+    _sizes_inside(sub, call)
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     constants: dict[str, torch.Tensor | None] = {}
     names: dict[str, str] = {}  # placeholder -> the model's name of the constant it reads
     runtime_args = []
     for ph, arg in zip(placeholders, call.args):
         assert isinstance(arg, torch.fx.Node)
-        ph.meta.setdefault("val", arg.meta.get("val"))
         if arg.op == "get_attr" and str(arg.target) not in state:
             constants[ph.name] = attr(gm, str(arg.target))
             names[ph.name] = str(arg.target)
@@ -321,6 +324,62 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
         result.meta["val"] = [o.meta["val"] for o in outputs]
         result.meta["custom"] = {RECORD_KEY: {"claimed": [n.name for n in sub.graph.nodes if is_operator(n)]}}
     _rewire(gm, call, result, sub)
+
+
+def _sizes_inside(sub: torch.fx.GraphModule, call: torch.fx.Node) -> None:
+    """Sizes the subgraph would take as inputs (one computed for an earlier engine or a kernel
+    between) are computed inside from the dims of its tensor inputs instead: engines take tensors.
+    A size no input's dims express stays an input (and the build names it)."""
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    dims: dict[Any, tuple[torch.fx.Node, int]] = {}
+    for ph in placeholders:
+        val = ph.meta.get("val")
+        for i, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                dims.setdefault(size.node.expr, (ph, i))
+    args = list(call.args)
+    first = next(n for n in sub.graph.nodes if n.op != "placeholder")
+    for index in reversed(range(len(placeholders))):
+        ph = placeholders[index]
+        if not isinstance(ph.meta.get("val"), torch.SymInt):
+            continue
+        with sub.graph.inserting_before(first):
+            value = _size_of(sub.graph, ph.meta["val"].node.expr, dims)
+        if value is None:
+            continue
+        ph.replace_all_uses_with(value)
+        sub.graph.erase_node(ph)
+        del args[index]
+    call.args = tuple(args)
+    sub.graph.eliminate_dead_code()  # the parts of a size that could not be computed whole
+    sub.graph.lint()
+    sub.recompile()
+
+
+def _size_of(graph: torch.fx.Graph, expr: Any, dims: dict[Any, tuple[torch.fx.Node, int]]) -> Any:
+    """Nodes computing the size expression `expr` (sums and products of integers and the symbols of
+    `dims`, each the size of a tensor input's dim); None for any other expression."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        if expr not in dims:
+            return None
+        tensor, dim = dims[expr]
+        node = graph.call_function(torch.ops.aten.sym_size.int, (tensor, dim))
+        node.meta["val"] = tensor.meta["val"].shape[dim]
+        return node
+    combine = {"Add": operator.add, "Mul": operator.mul}.get(type(expr).__name__)
+    if combine is None:
+        return None
+    terms = [_size_of(graph, term, dims) for term in expr.args]
+    if any(term is None for term in terms):
+        return None
+    value = terms[0]
+    for term in terms[1:]:
+        vals = [t.meta["val"] if isinstance(t, torch.fx.Node) else t for t in (value, term)]
+        value = graph.call_function(combine, (value, term))
+        value.meta["val"] = combine(*vals)
+    return value
 
 
 def _rematerialize_symints(gm: torch.fx.GraphModule, call: torch.fx.Node, sub: torch.fx.GraphModule,

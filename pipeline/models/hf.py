@@ -117,7 +117,7 @@ class Decoder(torch.nn.Module):
         self.max_cache_len = max_cache_len
         try:
             self.model = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
-        except (AttributeError, TypeError, ValueError) as exc:
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # KeyError: a layer kind it has no static form of
             raise ConfigError(f"a {type(model).__name__} gets no static KV cache from transformers ({_first_line(exc)}); "
                               "decoder programs keep a KV cache, so this family cannot build as one") from exc
         self._inputs = frozenset(inspect.signature(model.forward).parameters)

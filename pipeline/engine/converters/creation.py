@@ -79,21 +79,27 @@ def _constant_fill(node: Node, spec: Any) -> str | None:
 
 @converter(aten.full.default, validator=_constant_fill, decomposes=True)
 def full(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The fill value as a constant of the size; where a size is dynamic (a mask over the tokens), one
-    element broadcast to the sizes (a size from the graph arrives as an ITensor)."""
+    """The fill value over the sizes (a size from the graph arrives as an ITensor)."""
+    return _filled(ctx, node, list(args[0]), args[1])
+
+
+@converter(aten.empty.memory_format, decomposes=True)
+def empty(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Memory the program writes before it reads (a buffer scattered into): zeros are as good as any."""
+    return _filled(ctx, node, list(args[0]), 0)
+
+
+def _filled(ctx: ConversionContext, node: Node, sizes: list[Any], value: Any) -> Any:
+    """`value` as a constant of the node's shape; where a size is dynamic (a mask over the tokens),
+    one element broadcast to `sizes`."""
     val = node.meta["val"]
     if all(isinstance(d, int) for d in val.shape):
-        return ctx.constant(torch.full(tuple(val.shape), args[1], dtype=val.dtype), ctx.node_dtype(node))
-    one = ctx.constant(torch.full((1,) * val.dim(), args[1], dtype=val.dtype), ctx.node_dtype(node))
-    return broadcast(ctx, one, list(args[0]))
+        return ctx.constant(torch.full(tuple(val.shape), value, dtype=val.dtype), ctx.node_dtype(node))
+    one = ctx.constant(torch.full((1,) * val.dim(), value, dtype=val.dtype), ctx.node_dtype(node))
+    return broadcast(ctx, one, sizes)
 
 
 @converter(aten.full_like.default, validator=_constant_fill, decomposes=True)
 def full_like(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The fill value as a constant of the input's shape; where a dim is dynamic (rotary angles' ones
-    over the tokens), one element broadcast to the input's runtime sizes."""
-    val = node.meta["val"]
-    if all(isinstance(d, int) for d in val.shape):
-        return ctx.constant(torch.full(tuple(val.shape), args[1], dtype=val.dtype), ctx.node_dtype(node))
-    one = ctx.constant(torch.full((1,) * val.dim(), args[1], dtype=val.dtype), ctx.node_dtype(node))
-    return broadcast(ctx, one, ctx.dims(args[0]))
+    """The fill value over the input's sizes (the unit magnitudes of rotary angles over the tokens)."""
+    return _filled(ctx, node, ctx.dims(args[0]), args[1])
