@@ -36,6 +36,8 @@ MODELS = ["llama_tiny", "qwen2_tiny"]
     ({"attn_implementation": "flash_attention_2"}, "model.kwargs.attn_implementation = 'flash_attention_2': transformers "
                                                    "refuses it for a LlamaForCausalLM"),
     ({"max_cache_len": 0}, "model.kwargs.max_cache_len = 0 must be at least 1"),
+    ({"architecture": "roberta"}, "a RobertaForCausalLM keeps a KV cache only as a decoder; set model.kwargs.is_decoder=true"),
+    ({"architecture": "openai-gpt"}, "a OpenAIGPTLMHeadModel returns no KV cache from a step"),
 ])
 def test_bad_decoder_kwargs_are_one_line(kwargs: dict[str, object], message: str) -> None:
     """transformers keeps any keyword: a misspelt field would silently build the default-sized model."""
@@ -81,6 +83,28 @@ def test_families_that_need_the_wrapper_lower_whole(family: str, tmp_path: Path)
     decode one engine, nothing left outside (OPT: the length its unused mask of start + T ones read
     from the cache stays out of the program, with the assertions on it)."""
     (entry,) = suite.select([f"hf-decoder/{family}"])
+    row = build_row(entry, "fp32", tmp_path)
+    assert row["lowered_whole"] and row["engines"] == 2, row
+
+
+def test_positions_a_family_counts_its_own_way_are_left_to_it(tmp_path: Path) -> None:
+    """RoBERTa as a decoder numbers its positions after its padding index: steps given positions from 0
+    would be wrong, so the decoder gives it only the mask, and its prompt and decode steps give
+    transformers' own logits; it lowers whole like any other family."""
+    import transformers
+
+    (entry,) = suite.select(["hf-decoder/roberta"])
+    entry.model["kwargs"]["is_decoder"] = True
+    model = objects.model(entry_config(entry))
+    assert model._given == ("attention_mask",)  # type: ignore[union-attr]
+    lm = model.checkpoint_module  # type: ignore[union-attr]
+    reference = transformers.AutoModelForCausalLM.from_config(type(lm.config)(**lm.config.to_dict())).eval()
+    reference.load_state_dict(lm.state_dict())
+    tokens = torch.randint(3, suite.DECODER_SIZE["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = torch.cat([model.prefill(tokens[:, :5])] + [model.decode(tokens[:, i:i + 1], torch.tensor([i]))
+                                                          for i in range(5, 8)], dim=1)
+        torch.testing.assert_close(got, reference(tokens, use_cache=False).logits, rtol=1e-4, atol=1e-4)
     row = build_row(entry, "fp32", tmp_path)
     assert row["lowered_whole"] and row["engines"] == 2, row
 

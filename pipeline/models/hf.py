@@ -120,9 +120,10 @@ class Decoder(torch.nn.Module):
         except (AttributeError, KeyError, TypeError, ValueError) as exc:  # KeyError: a layer kind it has no static form of
             raise ConfigError(f"a {type(model).__name__} gets no static KV cache from transformers ({_first_line(exc)}); "
                               "decoder programs keep a KV cache, so this family cannot build as one") from exc
-        self._inputs = frozenset(inspect.signature(model.forward).parameters)
         self._more_state: list[tuple[int, str]] = []  # (layer, attribute): cache state besides keys and values
+        self._given: tuple[str, ...] = ()  # what each step gives the causal LM besides its tokens
         self._fit_cache(model)
+        self._given = self._choose_given(model)
         recurrent = [type(layer).__name__ for layer in self.model.static_cache.layers if not hasattr(layer, "keys")]
         if recurrent:
             raise ConfigError(f"a {type(model).__name__} keeps a recurrent state ({recurrent[0]}), not only a KV cache; "
@@ -138,6 +139,9 @@ class Decoder(torch.nn.Module):
             out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=model.device), use_cache=True)
         written = out.get("cache", out.get("past_key_values"))
         if written is None:
+            if getattr(model.config, "is_decoder", None) is False:  # an encoder's causal LM: a decoder when asked
+                raise ConfigError(f"a {type(model).__name__} keeps a KV cache only as a decoder; set "
+                                  "model.kwargs.is_decoder=true")
             raise ConfigError(f"a {type(model).__name__} returns no KV cache from a step (transformers keeps none for it); "
                               "decoder programs keep a KV cache, so this family cannot build as one")
         for i, (layer, probe) in enumerate(zip(self.model.static_cache.layers, written.layers)):
@@ -164,9 +168,47 @@ class Decoder(torch.nn.Module):
             for name in _more_state(layer):
                 self.model.register_buffer(f"{name}_{i}", getattr(layer, name), persistent=False)
                 self._more_state.append((i, name))
-            for value in vars(layer).values():
-                if isinstance(value, torch.Tensor):
-                    value.zero_()
+        self._reset_cache()
+
+    def _choose_given(self, model: Any) -> tuple[str, ...]:
+        """What each step gives the causal LM besides its tokens: its positions and a mask of the whole
+        cache where it takes them (so that no size depends on a value), unless steps with them do not
+        give the model's own logits (RoBERTa's positions start after its padding index): the first
+        choice whose prompt and decode steps through the static cache give the logits of the model
+        run whole on the same tokens.
+
+        Raises:
+            ConfigError: no choice does; the program would be wrong.
+        """
+        takes = inspect.signature(model.forward).parameters
+        choices = [c for c in (("position_ids", "attention_mask"), ("attention_mask",), ("position_ids",), ())
+                   if all(name in takes for name in c)]
+        config = model.config.get_text_config()
+        device = next(buffer.device for buffer in self.model.buffers())
+        tokens = torch.tensor([[5, 17, 3, 42, 9, 28]], device=device) % int(config.vocab_size)
+        pad = getattr(config, "pad_token_id", None)
+        if isinstance(pad, int):  # a padding token would be masked or embedded as nothing
+            tokens = torch.where(tokens == pad, (tokens + 1) % int(config.vocab_size), tokens)
+        tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
+        with torch.no_grad():
+            want = model(input_ids=tokens, use_cache=False).logits.float()
+            worst = float("inf")
+            for choice in choices:
+                self._given = choice
+                got = torch.cat([self.step(tokens[:, :4], torch.tensor([0], device=device)),
+                                 self.step(tokens[:, 4:], torch.tensor([4], device=device))], dim=1).float()
+                self._reset_cache()
+                worst = min(worst, float((got - want).abs().max() / want.abs().max().clamp_min(1e-6)))
+                if worst <= tolerance:
+                    return choice
+        raise ConfigError(f"a {type(model).__name__} stepped through a static KV cache does not give the logits it gives run "
+                          f"whole (relative difference {worst:.2g}); this family cannot build as a decoder program")
+
+    def _reset_cache(self) -> None:
+        """Every cache tensor (the wrapper's own buffers: the model's are named under `model.`) to zeros."""
+        for name, buffer in self.model.named_buffers():
+            if "." not in name:
+                buffer.zero_()
 
     @property
     def program_constants(self) -> dict[str, int | str]:
@@ -212,10 +254,11 @@ class Decoder(torch.nn.Module):
         # The positions, and a mask of the whole cache, as inputs of the causal LM: families that derive
         # them from the cache's length as a number (OPT's and BioGPT's mask of start + T ones, XGLM's
         # arange of positions) make a size that depends on a value, which no engine takes. The
-        # exportable wrapper passes neither, so they go in by a hook for the one call.
+        # exportable wrapper passes neither, so they go in by a hook for the one call (those of them
+        # that steps give the model's own logits with: `_choose_given`).
         given = {"position_ids": positions[None],
                  "attention_mask": torch.ones(1, self.max_cache_len, dtype=torch.long, device=tokens.device)}
-        given = {name: value for name, value in given.items() if name in self._inputs}
+        given = {name: value for name, value in given.items() if name in self._given}
 
         def with_given(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
             return args, {**kwargs, **given}
