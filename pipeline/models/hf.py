@@ -120,14 +120,14 @@ class Decoder(torch.nn.Module):
         except (AttributeError, KeyError, TypeError, ValueError) as exc:  # KeyError: a layer kind it has no static form of
             raise ConfigError(f"a {type(model).__name__} gets no static KV cache from transformers ({_first_line(exc)}); "
                               "decoder programs keep a KV cache, so this family cannot build as one") from exc
-        self._more_state: list[tuple[int, str]] = []  # (layer, attribute): cache state besides keys and values
-        self._given: tuple[str, ...] = ()  # what each step gives the causal LM besides its tokens
-        self._fit_cache(model)
-        self._given = self._choose_given(model)
         recurrent = [type(layer).__name__ for layer in self.model.static_cache.layers if not hasattr(layer, "keys")]
         if recurrent:
             raise ConfigError(f"a {type(model).__name__} keeps a recurrent state ({recurrent[0]}), not only a KV cache; "
                               "decoder programs keep a KV cache, so this family cannot build as one")
+        self._more_state: list[tuple[int, str]] = []  # (layer, attribute): cache state besides keys and values
+        self._given: tuple[str, ...] = ()  # what each step gives the causal LM besides its tokens
+        self._fit_cache(model)
+        self._given = self._choose_given(model)
 
     def _fit_cache(self, model: Any) -> None:
         """Give each layer's static cache the heads and widths of the keys and values its attention

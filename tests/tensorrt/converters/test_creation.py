@@ -10,7 +10,9 @@ import torch
 from torch.export import Dim
 
 from pipeline.engine.compile_spec import TensorRTCompileSpec
-from tests.helpers import Fn, check_converter, lower
+from pipeline.lowering.compile import compile_method
+from pipeline.runtime.engine_op import is_engine_call
+from tests.helpers import GPU, Fn, assert_close, check_converter, lower
 
 TOKENS = torch.randint(0, 50, (1, 7))
 CASES = {
@@ -38,3 +40,16 @@ def test_float_dynamic_arange_is_refused_with_its_reason() -> None:
 }.items(), ids=lambda item: item[0])
 def test_a_fill_of_a_dynamic_shape_builds_engine(fill: tuple[str, Any]) -> None:
     check_converter(Fn(fill[1]), (torch.randn(2, 7, 4),), dynamic_shapes=(({1: Dim("tokens", min=1, max=64)},),))
+
+
+def test_an_empty_buffer_written_whole_stays_in_the_engine() -> None:
+    """`empty` (memory written before it is read: DeepSeek-V3.2's indexer scores) over a dynamic size,
+    then written: one engine, the written values."""
+    module = Fn(lambda m, x: torch.empty(x.shape[0], x.shape[1], 4).copy_(x) * 2)
+    x = torch.randn(2, 7, 4)
+    program = compile_method(module, (x,), dynamic_shapes=(({1: Dim("tokens", min=1, max=64)},),))
+    assert [str(n.target) for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n)
+            and "getitem" not in str(n.target)] == []
+    if GPU:
+        x = torch.randn(2, 11, 4)
+        assert_close(program.module()(x.cuda()), module(x), "fp32")
