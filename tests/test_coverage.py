@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.coverage.run import row_key, run_suite, suite_config
+from pipeline.coverage.run import entry_config, row_key, run_suite, suite_config
 from pipeline.coverage.suite import DECODERS, FAST, TIMM, Entry, entries, select
 from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.errors import ConfigError
 from pipeline.lowering.compile import compile_method
 from pipeline.lowering.export import export
 from pipeline.lowering.serialize import save
@@ -66,6 +67,17 @@ def test_overrides_apply_to_every_build_and_a_bad_one_is_one_line(tmp_path: Path
     assert run.returncode == 2 and run.stderr.startswith(
         "error: Error merging override compile.allow_tf32=maybe: Value 'maybe' is not a valid bool"), run.stderr
     assert not (tmp_path / "rows").exists()  # refused before anything was built
+
+
+def test_model_overrides_apply_to_each_entrys_model() -> None:
+    """Every suite model has its own model section: `model.` overrides go into each (a field the entry's
+    kwargs lack included), not into the defaults' model; one without a value is one line."""
+    (entry,) = select(["hf-decoder/roberta"])
+    cfg = entry_config(entry, "fp32", ["model.kwargs.is_decoder=true", "+model.kwargs.max_cache_len=16"])
+    assert cfg.model.kwargs["is_decoder"] is True and cfg.model.kwargs["max_cache_len"] == 16
+    assert cfg.model.kwargs["architecture"] == "roberta"
+    with pytest.raises(ConfigError, match="^--set model.kwargs: no value; write model.KEY=VALUE$"):
+        suite_config("fp32", ["model.kwargs"])
 
 
 def test_a_failing_model_gets_a_row_and_the_others_go_on(tmp_path: Path) -> None:

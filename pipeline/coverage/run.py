@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.coverage.suite import Entry
+from pipeline.errors import ConfigError
 from pipeline.files import write_bytes, write_json
 
 log = logging.getLogger("pipeline.coverage")
@@ -38,10 +39,37 @@ def row_key(entry: Entry, precision: str, overrides: Sequence[str] = ()) -> str:
 
 
 def suite_config(precision: str, overrides: Sequence[str] = ()) -> Any:
-    """The composed config every suite build starts from: the defaults, the precision, `overrides`."""
+    """The composed config every suite build starts from: the defaults, the precision, `overrides`
+    (those of `model.` are each entry's: `model_overrides`)."""
     from pipeline.config.compose import compose
 
-    return compose([*([] if precision == "fp32" else [f"compile.precision={precision}"]), *overrides])
+    model_overrides(overrides)  # a malformed one is refused before anything is built
+    rest = [o for o in overrides if not _of_model(o)]
+    return compose([*([] if precision == "fp32" else [f"compile.precision={precision}"]), *rest])
+
+
+def model_overrides(overrides: Sequence[str]) -> Any:
+    """The overrides of `model.` (with or without Hydra's `+`) as a config to merge into each entry's
+    model section: every suite model has its own, so they cannot apply to the defaults' model.
+
+    Raises:
+        ConfigError: one that is not `model.KEY=VALUE`.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    lines = [o.lstrip("+") for o in overrides if _of_model(o)]
+    bad = [line for line in lines if "=" not in line]
+    if bad:
+        raise ConfigError(f"--set {bad[0]}: no value; write model.KEY=VALUE")
+    try:
+        return OmegaConf.from_dotlist(lines).get("model") or OmegaConf.create({})
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"--set {' '.join(lines)}: {str(exc).splitlines()[0]}; write model.KEY=VALUE") from exc
+
+
+def _of_model(override: str) -> bool:
+    return override.lstrip("+").startswith("model.")
 
 
 def entry_config(entry: Entry, precision: str = "fp32", overrides: Sequence[str] = ()) -> Any:
@@ -53,7 +81,7 @@ def entry_config(entry: Entry, precision: str = "fp32", overrides: Sequence[str]
 
     cfg = suite_config(precision, overrides)
     with open_dict(cfg):
-        cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), entry.model)
+        cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), entry.model, model_overrides(overrides))
     validate(cfg)
     return typed(cfg)
 
