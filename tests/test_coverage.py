@@ -78,6 +78,8 @@ def test_model_overrides_apply_to_each_entrys_model() -> None:
     assert cfg.model.kwargs["architecture"] == "roberta"
     with pytest.raises(ConfigError, match="^--set model.kwargs: no value; write model.KEY=VALUE$"):
         suite_config("fp32", ["model.kwargs"])
+    with pytest.raises(ConfigError, match="^--set model.kwarg.hidden_size=32: Key 'kwarg' not in 'ModelConfig'"):
+        suite_config("fp32", ["model.kwarg.hidden_size=32"])  # refused before any build, not a failed row each
 
 
 def test_a_failing_model_gets_a_row_and_the_others_go_on(tmp_path: Path) -> None:

@@ -53,19 +53,24 @@ def model_overrides(overrides: Sequence[str]) -> Any:
     model section: every suite model has its own, so they cannot apply to the defaults' model.
 
     Raises:
-        ConfigError: one that is not `model.KEY=VALUE`.
+        ConfigError: one that is not `model.KEY=VALUE`, or names a key the model section does not have
+            (any key under `model.kwargs` is the model's own).
     """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+
+    from pipeline.config.schema import ModelConfig
 
     lines = [o.lstrip("+") for o in overrides if _of_model(o)]
     bad = [line for line in lines if "=" not in line]
     if bad:
         raise ConfigError(f"--set {bad[0]}: no value; write model.KEY=VALUE")
     try:
-        return OmegaConf.from_dotlist(lines).get("model") or OmegaConf.create({})
+        section = OmegaConf.from_dotlist(lines).get("model") or OmegaConf.create({})
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), section)  # keys and types the section takes
     except OmegaConfBaseException as exc:
         raise ConfigError(f"--set {' '.join(lines)}: {str(exc).splitlines()[0]}; write model.KEY=VALUE") from exc
+    return section
 
 
 def _of_model(override: str) -> bool:
