@@ -16,7 +16,7 @@ aten = torch.ops.aten
 Node = torch.fx.Node
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-_SAME = (aten.clone.default, aten.alias.default, aten.contiguous.default)
+_SAME = (aten.clone.default, aten.alias.default)
 
 
 def complex_as_pairs(gm: torch.fx.GraphModule) -> int:

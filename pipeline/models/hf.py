@@ -161,7 +161,7 @@ class Decoder(torch.nn.Module):
         """State a cache layer makes on its first step besides keys and values (DeepSeek-V3.2's indexer
         keys) becomes buffers too, so the program keeps it: one step of one token through the static
         cache makes it at its static size; then every cache tensor starts from zeros again."""
-        device = next(buffer.device for buffer in self.model.buffers())
+        device = self._device
         with torch.no_grad():
             self.step(torch.zeros(1, 1, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device))
         for i, layer in enumerate(self.model.static_cache.layers):
@@ -184,7 +184,7 @@ class Decoder(torch.nn.Module):
         choices = [c for c in (("position_ids", "attention_mask"), ("attention_mask",), ("position_ids",), ())
                    if all(name in takes for name in c)]
         config = model.config.get_text_config()
-        device = next(buffer.device for buffer in self.model.buffers())
+        device = self._device
         tokens = torch.tensor([[5, 17, 3, 42, 9, 28]], device=device) % int(config.vocab_size)
         pad = getattr(config, "pad_token_id", None)
         if isinstance(pad, int):  # a padding token would be masked or embedded as nothing
@@ -203,6 +203,11 @@ class Decoder(torch.nn.Module):
                     return choice
         raise ConfigError(f"a {type(model).__name__} stepped through a static KV cache does not give the logits it gives run "
                           f"whole (relative difference {worst:.2g}); this family cannot build as a decoder program")
+
+    @property
+    def _device(self) -> torch.device:
+        """Where the cache lives (with the model)."""
+        return next(buffer.device for buffer in self.model.buffers())
 
     def _reset_cache(self) -> None:
         """Every cache tensor (the wrapper's own buffers: the model's are named under `model.`) to zeros."""
@@ -243,14 +248,13 @@ class Decoder(torch.nn.Module):
             layer.values = getattr(self.model, f"value_cache_{i}")
             if hasattr(self.model, f"cumulative_length_{i}"):
                 layer.cumulative_length = getattr(self.model, f"cumulative_length_{i}")
-            for index, name in self._more_state:
-                if index == i:
-                    state = getattr(self.model, f"{name}_{i}")
-                    setattr(layer, name, state)
-                    if state.dim() == 0 and not state.is_floating_point():  # a length besides the cache's own:
-                        state.copy_(positions[0])  # it starts where the step starts, as the wrapper sets that one
             if hasattr(layer, "device"):  # set when the cache was made; the module may have moved since
                 layer.device = layer.keys.device
+        for i, name in self._more_state:
+            state = getattr(self.model, f"{name}_{i}")
+            setattr(layers[i], name, state)
+            if state.dim() == 0 and not state.is_floating_point():  # a length besides the cache's own: it
+                state.copy_(positions[0])  # starts where the step starts, as the wrapper sets that one
         # The positions, and a mask of the whole cache, as inputs of the causal LM: families that derive
         # them from the cache's length as a number (OPT's and BioGPT's mask of start + T ones, XGLM's
         # arange of positions) make a size that depends on a value, which no engine takes. The
