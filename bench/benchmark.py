@@ -175,17 +175,8 @@ def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[tor
             host_inputs = [x.cpu() for x in inputs]
             variants.append(Variant(f"ExecuTorch runtime (Python) .pte{suffix}",
                                     lambda m=native, a=host_inputs: m.execute(a, copy_outputs=False)))
-    # The whole method one CUDA graph; the caller keeps its inputs in the method's own buffers (as
-    # generate does), so a call is one launch.
     whole = load(files["pte"], files.get("ptd"), options=RuntimeOptions(method_graph=True)).method(name)
-    buffers = [whole.input_buffer(i, tuple(x.shape)) for i, x in enumerate(inputs)]
-    if all(b is not None for b in buffers):
-        for b, x in zip(buffers, inputs):
-            b.copy_(x)
-    else:  # the plan shares an input's memory with later values: the inputs are copied in per call
-        buffers = inputs
-    variants.append(Variant("pipeline.runtime .pte + method graph", lambda m=whole, b=buffers: m.execute(b, copy_outputs=False),
-                            whole.stream))
+    variants.append(Variant("pipeline.runtime .pte + method graph", graph_call(whole, inputs), whole.stream))
     with torch.no_grad():
         timed(variants, timing)
     rows = [{"variant": v.name, **_row(v)} for v in variants]
@@ -193,6 +184,18 @@ def _bench_method(name: str, model: torch.nn.Module, spec: Any, inputs: list[tor
 
 
 RUNNER_GRAPHS = {"": None, " + CUDA graph": "--cuda-graph", " + method graph": "--method-graph"}  # label: flag
+
+
+def graph_call(method: Any, inputs: list[torch.Tensor]) -> Callable[[], Any]:
+    """A call of a `method_graph` method as a caller that keeps its inputs in the method's own buffers
+    (as generate does) makes it: one launch, outputs left in planned memory."""
+    buffers = [method.input_buffer(i, tuple(x.shape)) for i, x in enumerate(inputs)]
+    if all(b is not None for b in buffers):
+        for b, x in zip(buffers, inputs):
+            b.copy_(x)
+    else:  # an input the plan gives no memory: the inputs are passed as they are
+        buffers = inputs
+    return lambda: method.execute(buffers, copy_outputs=False)
 
 
 def runner_row(files: Any, method: str, inputs: list[torch.Tensor], label: str, timing: Timing) -> dict[str, Any]:

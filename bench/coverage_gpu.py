@@ -5,7 +5,9 @@ relative to the reference's largest magnitude, against `runtime.max_rel_error`; 
 output moves less than that from one input to another cannot fail the check, and is not counted
 as correct), and our engine
 and the ONNX-parser engine are timed side by side (`bench/benchmark.py`'s `timed`), each as a CUDA
-graph (a program of several engines: its `.pte` with CUDA graphs).
+graph (a program of several engines: its `.pte` as one method graph, the inputs kept in the method's
+own buffers, as `bench.benchmark` times it; and again with its portable kernels one by one,
+`unfused_ms`).
 
 Builds and measurements overlap: a model is measured as soon as both its builds are done, by
 `--workers-per-gpu` processes on each GPU that take turns on it (one at a time runs on the GPU;
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import onnx_reference
-from bench.benchmark import Timing, Variant, kernel_profile, timed  # noqa: E402
+from bench.benchmark import Timing, Variant, graph_call, kernel_profile, timed  # noqa: E402
 from pipeline.cli import reported  # noqa: E402
 from pipeline.coverage.run import entry_config, kept_row, row_key, run_suite, suite_config  # noqa: E402
 from pipeline.coverage.suite import Entry, first_output, select  # noqa: E402
@@ -149,17 +151,24 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, other_inputs: Any, pte_pa
         ours = lambda: runner(*inputs)  # noqa: E731
         result["ours"] = "engine"
     else:
-        ours, stream = (lambda: method.execute(inputs)), method.stream
+        ours, stream = graph_call(method, inputs) if not row["lowered_whole"] else (lambda: method.execute(inputs)), method.stream
         result["ours"] = ".pte, method graph" if not row["lowered_whole"] else ".pte"
+    extra = []
+    if not row["lowered_whole"]:  # also its portable kernels one by one (`runtime.fuse_kernels=false`)
+        apart = load(pte_path, ptd if ptd.exists() else None,
+                     options=RuntimeOptions(method_graph=True, fuse_kernels=False)).method("forward")
+        extra = [Variant("unfused", graph_call(apart, inputs), apart.stream)]
     onnx = folder / "onnx.engine"
     if onnx.exists():
         onnx_runner = onnx_reference.runner(onnx.read_bytes(), stream)
         theirs = lambda: onnx_runner(*[x.to(onnx_runner.dtype) if x.is_floating_point() else x for x in inputs])  # noqa: E731
-        variants = [Variant("ours", ours, stream), Variant("onnx", theirs, stream)]
+        variants = [Variant("ours", ours, stream), Variant("onnx", theirs, stream), *extra]
         with torch.no_grad():
             timed(variants, Timing(iters=iters, warmup=20, block=10))
-        ours_ms, theirs_ms = (statistics.median(v.samples) for v in variants)
+        ours_ms, theirs_ms, *unfused_ms = (statistics.median(v.samples) for v in variants)
         result.update(ours_ms=ours_ms, onnx_ms=theirs_ms, ratio=ours_ms / theirs_ms)
+        if unfused_ms:
+            result.update(unfused_ms=unfused_ms[0], unfused_ratio=unfused_ms[0] / theirs_ms)
         if kernels:  # where the two engines differ: their kernels, side by side in the .json
             for v in variants:
                 result[f"{v.name}_kernels"] = kernel_profile(lambda f=v.fn: _calls(f, stream, 10), 10, kernels)

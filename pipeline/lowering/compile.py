@@ -339,6 +339,8 @@ def _sizes_inside(sub: torch.fx.GraphModule, call: torch.fx.Node) -> None:
                 dims.setdefault(size.node.expr, (ph, i))
     args = list(call.args)
     first = next(n for n in sub.graph.nodes if n.op != "placeholder")
+    for ph in placeholders:  # all before the first computation (torch 2.11 interleaves them), sizes after
+        first.prepend(ph)
     for index in reversed(range(len(placeholders))):
         ph = placeholders[index]
         if not isinstance(ph.meta.get("val"), torch.SymInt):

@@ -69,6 +69,12 @@ def _schema_op(namespace: str, op: str, overload: str) -> Any:
         ) from exc
 
 
+def schema_arguments(name: str, overload: str) -> list[Any]:
+    """The schema arguments of operator `name` ("aten::add") overload `overload` ("out")."""
+    namespace, _, op = name.partition("::")
+    return list(_schema_op(namespace, op, overload)._schema.arguments)
+
+
 def _aten(namespace: str, op: str, overload: str) -> Callable[[list[Any], list[int]], None]:
     fn = _schema_op(namespace, op, overload)
     arguments = fn._schema.arguments

@@ -34,6 +34,10 @@ class MethodGraph:
         self._outs: list[Any] = []
         self._capturable = True
 
+    def forget(self) -> None:
+        """Capture again at the next calls: memory a captured graph reads has moved."""
+        self._key, self._graph = None, None
+
     def run(self, values: list[Any], inputs: Sequence[Any]) -> list[Any]:
         method = self._method
         key = tuple((x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else x for x in inputs)

@@ -24,6 +24,8 @@ class RuntimeOptions:
             them) in one CUDA graph and replays it while the input shapes stay the same: a call is
             one launch. Engines then compile their shape-specialized kernels before the first run
             returns (a graph must not capture the generic ones), and do not capture graphs of their own.
+        fuse_kernels: on CUDA, `pipeline.runtime` runs each run of consecutive elementwise portable
+            kernels whose intermediate results nothing else reads as one kernel (`fused_kernels.py`).
         kernels: when TensorRT-RTX compiles kernels specialized to a new input shape, one of
             `KERNELS`: in the background, generic kernels running until then (lazy); in the first
             call with that shape (eager); never (none).
@@ -32,6 +34,7 @@ class RuntimeOptions:
     cuda_graph: bool = False
     runtime_cache_path: str | None = None
     method_graph: bool = False
+    fuse_kernels: bool = True
     kernels: str = "lazy"
 
     @property

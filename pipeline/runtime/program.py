@@ -25,6 +25,7 @@ from pipeline.delegate.tensor_spec import TensorSpec, check_call
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.runtime.delegates import TensorRTDelegate, make_delegate
 from pipeline.runtime.engine_runner import LoadedEngine
+from pipeline.runtime.fused_kernels import fuse, plan_runs
 from pipeline.runtime.kernels import resolve
 from pipeline.runtime.method_graph import MethodGraph
 from pipeline.runtime.options import RuntimeOptions
@@ -52,6 +53,8 @@ class Method:
         instructions = [i for chain in plan.chains for i in chain.instructions]
         self._steps = [self._step(i) for i in instructions]
         self._donate(instructions)
+        if program.options.fuse_kernels and program.device.type == "cuda":
+            self._steps = fuse(plan_runs(plan, self._values, self._steps), self._steps)
         kinds = {type(i.instr_args).__name__ for c in plan.chains for i in c.instructions}
         self._has_kernels = "KernelCall" in kinds
         # Engines only read their inputs: a method of engine calls alone binds the caller's input
@@ -208,10 +211,11 @@ class Method:
         return True
 
     def input_buffer(self, position: int, shape: Sequence[int]) -> torch.Tensor | None:
-        """The method's own memory for input `position`, shaped `shape`, where the plan gives that
-        input memory no other value shares (else None): a caller that writes the next call's input
-        there (as `generate` writes each new token) saves the copy in, and with `method_graph` the
-        graph reads it where it is. What is written there stays until the caller changes it.
+        """The method's own memory for input `position`, shaped `shape` (None for an input the plan
+        gives no memory): a caller that writes the next call's input there (as `generate` writes each
+        new token) saves the copy in, and with `method_graph` the graph reads it where it is. What is
+        written there stays until the caller changes it. Where the plan lets later values reuse the
+        input's memory, the input gets memory of its own, where every later call's input goes.
 
         Raises:
             InputError: `shape` is outside what the program was built for.
@@ -223,7 +227,10 @@ class Method:
             return None
         spec.check(f"method {self.name!r} input {position}", torch.empty(tuple(shape), dtype=slot.dtype, device="meta"))
         if not self._exclusive(index, slot):
-            return None
+            slot = torch.empty(self._capacity[index], dtype=slot.dtype, device=slot.device)
+            self._planned_inputs[index] = slot
+            if self._graph is not None:  # a graph captured before reads the planned memory
+                self._graph.forget()
         if tuple(slot.shape) != tuple(shape):
             slot.resize_(tuple(shape))
         return slot

@@ -75,15 +75,14 @@ def test_what_does_not_fit_is_refused_before_anything_runs(program: tuple[torch.
 
 
 def test_input_buffers_take_the_next_call_in_place(program: tuple[torch.nn.Module, Path]) -> None:
-    """`generate` writes each token and position into decode's own input memory where the plan
-    shares it with no other value (else it keeps its own tensors): either way the same logits; a
-    shape outside the plan is refused."""
+    """`generate` writes each token and position into decode's own input memory (planned, or its
+    own where the plan shares it with later values): the same logits; a shape outside the plan is
+    refused."""
     decode = load(program[1], device="cpu").method("decode")
     with pytest.raises(InputError, match="method 'decode' input 0"):
         decode.input_buffer(0, (1, 25))
     token, position = decode.input_buffer(0, (1, 1)), decode.input_buffer(1, (1,))
-    token = torch.empty(1, 1, dtype=torch.int64) if token is None else token
-    position = torch.empty(1, dtype=torch.int64) if position is None else position
+    assert token is not None and position is not None
     token.fill_(5)
     position.fill_(0)
     (got,) = decode.execute([token, position])
