@@ -50,8 +50,9 @@ def test_bad_decoder_kwargs_are_one_line(kwargs: dict[str, object], message: str
 # (keys wider than values, one K/V head) with complex rotary embeddings and an unsorted top-k router
 # (DeepSeek-V2), multi-query attention (Falcon), a mask of start + T ones made from the cache's length
 # (BioGPT), a cache layer that keeps indexer keys and their length besides keys and values
-# (DeepSeek-V3.2), positions through BART's learned embedding of a decoder-only BART.
-HELPED = ("deepseek_v2", "falcon", "biogpt", "deepseek_v32", "bart")
+# (DeepSeek-V3.2), positions through BART's learned embedding of a decoder-only BART, positions from
+# numbers read out of the cache's length (TrOCR: computed inside the engine).
+HELPED = ("deepseek_v2", "falcon", "biogpt", "deepseek_v32", "bart", "trocr")
 
 
 @pytest.mark.parametrize("family", suite.DECODERS + HELPED)

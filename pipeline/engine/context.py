@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from pipeline import dtypes
 from pipeline.engine.compile_spec import TensorRTCompileSpec
@@ -41,6 +43,7 @@ class ConversionContext:
         self.constants: dict[torch.fx.Node, torch.Tensor] = {}  # constant placeholders and their values
         self.folded: set[torch.fx.Node] = set()  # nodes whose effect another node's layer already applies
         self.in_place: dict[torch.fx.Node, str] = {}  # node -> the network input its output updates in place
+        self.symbols: dict[Any, tuple[Any, int]] = {}  # a dim's symbol -> (network input, dim) of that size
         self._keep: list[np.ndarray] = []  # TensorRT reads weights at build time, not at add time
         from pipeline.engine.quantize import QuantizationPlan
 
@@ -135,6 +138,30 @@ class ConversionContext:
         layer.axis = 0
         return layer.get_output(0)
 
+    def size(self, size: Any) -> Any:
+        """A size of the program (an int or SymInt) as an int, or a 0-d int64 tensor computed from the
+        dims of the network's inputs (sums and products of their symbols); None where none expresses it."""
+        if isinstance(size, int):
+            return size
+        return self._size_expr(known_size(size))
+
+    def _size_expr(self, expr: Any) -> Any:
+        if expr.is_Integer:
+            return int(expr)
+        if expr.is_Symbol:
+            found = self.symbols.get(expr)
+            return None if found is None else self.dim_of(*found)
+        if not (expr.is_Add or expr.is_Mul):
+            return None
+        parts = [self._size_expr(a) for a in expr.args]
+        if any(p is None for p in parts):
+            return None
+        op = trt().ElementWiseOperation.SUM if expr.is_Add else trt().ElementWiseOperation.PROD
+        out = self.tensor(parts[0], dtype=torch.int64)
+        for part in parts[1:]:
+            out = self.network.add_elementwise(out, self.tensor(part, dtype=torch.int64), op).get_output(0)
+        return out
+
     def shape_of(self, x: Any) -> Any:
         """The runtime shape of `x` as a 1-D int64 tensor."""
         return self.cast(self.network.add_shape(x).get_output(0), torch.int64)
@@ -143,6 +170,22 @@ class ConversionContext:
         """The runtime size of dim `dim` of `x` as a 0-d int64 tensor."""
         index = self.constant(torch.tensor(dim, dtype=torch.int64), torch.int64)
         return self.network.add_gather(self.shape_of(x), index, 0).get_output(0)
+
+
+def known_size(size: torch.SymInt) -> Any:
+    """The expression of a symbolic size, each number read out of a tensor that a runtime assertion
+    equates to other sizes replaced by them (TrOCR's end position `u0`, where export asserts
+    `start + T == u0`)."""
+    expr = size.node.expr
+    for asserts in getattr(size.node.shape_env, "deferred_runtime_asserts", {}).values():
+        for check in asserts:
+            if not isinstance(check.expr, sympy.Eq):
+                continue
+            for symbol in sorted(free_unbacked_symbols(expr) & check.expr.free_symbols, key=str):
+                solved = sympy.solve(check.expr, symbol)
+                if len(solved) == 1 and symbol not in solved[0].free_symbols:
+                    expr = sympy.expand(expr.subs(symbol, solved[0]))
+    return expr
 
 
 def _is_itensor(x: Any) -> bool:

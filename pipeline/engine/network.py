@@ -17,7 +17,7 @@ from pipeline import dtypes
 from pipeline.delegate.blob import IOBinding
 from pipeline.engine import quantize
 from pipeline.engine.compile_spec import DimRange, TensorRTCompileSpec
-from pipeline.engine.context import ConversionContext, torch_to_trt
+from pipeline.engine.context import ConversionContext, known_size, torch_to_trt
 from pipeline.engine.converters.registry import lookup
 from pipeline.engine.support import refusal_reason
 from pipeline.engine.trt_api import trt
@@ -135,6 +135,9 @@ def _placeholder(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IOB
     ranges = [_dim_range(d, ctx, ctx.spec.symbol_ranges, node.name, i) for i, d in enumerate(val.shape)]
     shape = tuple(-1 if lo != hi else lo for lo, _, hi in ranges)
     tensor = ctx.network.add_input(node.name, torch_to_trt(val.dtype), shape)
+    for i, d in enumerate(val.shape):
+        if isinstance(d, torch.SymInt) and known_size(d).is_Symbol:
+            ctx.symbols.setdefault(known_size(d), (tensor, i))
     bounds = (tuple(r[0] for r in ranges), tuple(r[2] for r in ranges)) if -1 in shape else ((), ())
     bindings.append(IOBinding.of(node.name, val.dtype, shape, True, *bounds))
     if -1 in shape:
@@ -161,7 +164,7 @@ def _dim_range(dim: Any, ctx: ConversionContext, given: Mapping[str, DimRange], 
     symbols, else from the program's range constraints."""
     if isinstance(dim, int):
         return (dim, dim, dim)
-    expr = dim.node.expr
+    expr = known_size(dim)
     env = dim.node.shape_env
     bounds = {}
     for sym in expr.free_symbols:

@@ -159,6 +159,9 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
                     "own: slower and larger in device memory than fp16 (docs/quantization.md); int4_weight_only is not",
                     method)
     engines = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
+    drop_metadata_asserts(gm)  # numbers an engine now computes inside, which only assertions read outside
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
     _drop_unread(gm, given)
     log.info("method %r: %d TensorRT engine(s)", method, engines)
     flat_args = torch.utils._pytree.tree_leaves(tuple(example_inputs))

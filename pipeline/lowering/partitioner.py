@@ -51,9 +51,12 @@ def propose(graph_module: torch.fx.GraphModule, spec: TensorRTCompileSpec) -> tu
     blocks = []
     for partition in sorted(proposals, key=lambda p: min(order[n] for n in p.nodes)):
         nodes = sorted(partition.nodes, key=order.__getitem__)
-        # A size computed only for nodes outside stays outside (engines return tensors).
-        inside = set(nodes)
-        nodes = [n for n in nodes if _is_tensor(n) or any(u in inside for u in n.users)]
+        # A size (or number) computed only for nodes outside stays outside (engines return tensors),
+        # and so, in turn, does one computed only for it.
+        inside: set[torch.fx.Node] = set()
+        while inside != set(nodes):
+            inside = set(nodes)
+            nodes = [n for n in nodes if _is_tensor(n) or any(u in inside for u in n.users)]
         ops = [n for n in nodes if is_operator(n)]
         if len(ops) < spec.min_block_size:
             why = f"in a block of {len(ops)} operator(s), below min_block_size={spec.min_block_size}"

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from pipeline.engine.context import ConversionContext, torch_to_trt
+from pipeline.engine.context import ConversionContext, known_size, torch_to_trt
 from pipeline.engine.converters import _validators as v
 from pipeline.engine.converters._layers import broadcast, elementwise, ew_ops
 from pipeline.engine.converters.registry import aten_op, converter
@@ -47,6 +48,9 @@ def _created_ok(node: Node, spec: Any) -> str | None:
         return "an arange up to a dynamic size needs step 1 and an integer start"
     if node.meta["val"].dtype not in (torch.int32, torch.int64):
         return "an arange up to a dynamic size must be of integers"
+    size = node.meta["val"].shape[0]
+    if isinstance(size, torch.SymInt) and free_unbacked_symbols(known_size(size)):
+        return "an arange whose length depends on a number read out of a tensor"
     return None
 
 
@@ -64,8 +68,12 @@ def _dynamic_arange(ctx: ConversionContext, node: Node, args: tuple[Any, ...]) -
     elements (never fewer than none)."""
     start, end = (args[0], args[1]) if aten_op(node.target) is aten.arange.start_step else (0, args[0])
     first = ctx.reshape(ctx.tensor(start, dtype=torch.int64), ())
-    last = ctx.reshape(ctx.tensor(end, dtype=torch.int64), ())
-    count = elementwise(ctx, ew_ops().MAX, elementwise(ctx, ew_ops().SUB, last, first), ctx.tensor(0, like=first, dtype=torch.int64))
+    # The count from the input dims it is a size of, where it is one (positions start .. start + T - 1
+    # from a start read out of a tensor: T); end - start would make that tensor a shape input.
+    count = ctx.size(node.meta["val"].shape[0])
+    if count is None:
+        last = ctx.reshape(ctx.tensor(end, dtype=torch.int64), ())
+        count = elementwise(ctx, ew_ops().MAX, elementwise(ctx, ew_ops().SUB, last, first), ctx.tensor(0, like=first, dtype=torch.int64))
     layer = ctx.network.add_fill((0,), trt().FillOperation.LINSPACE, torch_to_trt(torch.int64))
     layer.set_input(0, ctx.shape_tensor([count]))
     layer.set_input(1, first)

@@ -218,6 +218,21 @@ def sym_size(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: 
     return ctx.dim_of(args[0], norm_dim(int(args[1]), len(args[0].shape)))
 
 
+def _number_ok(node: Node, spec: Any) -> str | None:
+    val = node.args[0].meta.get("val")  # type: ignore[union-attr]
+    if not isinstance(val, torch.Tensor) or val.dtype.is_floating_point or val.dtype.is_complex:
+        return "only an integer read out of a tensor stays in the engine"
+    return None
+
+
+@converter(aten._local_scalar_dense.default, aten.item.default, validator=_number_ok, decomposes=True)
+def local_scalar_dense(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A number read out of a one-element integer tensor (`item`: TrOCR's positions from the cache's
+    length) stays in the engine, as the 0-d int64 tensor a size is there; outside, it would be a
+    number the engine takes as an input, which engines cannot."""
+    return ctx.reshape(ctx.tensor(args[0], dtype=torch.int64), [])
+
+
 _SYM_OPS = {operator.add: "SUM", operator.sub: "SUB", operator.mul: "PROD", operator.floordiv: "FLOOR_DIV"}
 
 

@@ -53,3 +53,36 @@ def test_an_empty_buffer_written_whole_stays_in_the_engine() -> None:
     if GPU:
         x = torch.randn(2, 11, 4)
         assert_close(program.module()(x.cuda()), module(x), "fp32")
+
+
+class Positions(torch.nn.Module):
+    """Positions start .. start + T - 1 from numbers read out of a tensor, as TrOCR computes them from
+    its cache's length (the end read on its own: the size is `end - start`, which export asserts is T)."""
+
+    def forward(self, x: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(start[0].item(), (start[0] + x.shape[1]).item())
+        return x * 2 + positions[None, :, None]
+
+
+def test_positions_from_numbers_read_out_of_a_tensor_stay_in_the_engine() -> None:
+    x, start = torch.randn(1, 7, 4), torch.tensor([3])
+    program = compile_method(Positions(), (x, start), dynamic_shapes=({1: Dim("tokens", min=1, max=64)}, None))
+    outside = [str(n.target) for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n)
+               and "getitem" not in str(n.target)]
+    assert outside == [], outside  # the numbers, and the assertions only they fed, are gone from outside
+    if GPU:
+        x, start = torch.randn(1, 11, 4), torch.tensor([5])
+        assert_close(program.module()(x.cuda(), start.cuda()), Positions()(x, start), "fp32")
+
+
+def test_a_number_the_op_outside_reads_is_read_outside() -> None:
+    """With the positions' arange kept out of TensorRT, the numbers it reads are read outside too (an
+    engine returns tensors), and the engines take the rest."""
+    x, start = torch.randn(1, 7, 4), torch.tensor([3])
+    spec = TensorRTCompileSpec(torch_executed_ops=("aten.arange.start_step",))
+    program = compile_method(Positions(), (x, start), spec, dynamic_shapes=({1: Dim("tokens", min=1, max=64)}, None))
+    outside = {str(n.target) for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n)}
+    assert {"aten._local_scalar_dense.default", "aten.arange.start_step"} <= outside, outside
+    if GPU:
+        x, start = torch.randn(1, 11, 4), torch.tensor([5])
+        assert_close(program.module()(x.cuda(), start.cuda()), Positions()(x, start), "fp32")
