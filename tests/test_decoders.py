@@ -194,10 +194,11 @@ def assert_teacher_forced(program: Any, model: Any, vocab: int, prompt_len: int,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
-@pytest.mark.parametrize("family", suite.DECODERS)
+@pytest.mark.parametrize("family", suite.DECODERS + HELPED)
 def test_every_suite_family_teacher_forced_on_the_gpu(family: str, tmp_path: Path) -> None:
-    """The coverage suite's decoder families, each built as the suite builds it (its own tiny
-    config, engines from TensorRT-RTX): lowered whole, and teacher-forced logits match eager."""
+    """The coverage suite's decoder families, and the held-out ones that need more of the wrapper,
+    each built as the suite builds it (its own tiny config, engines from TensorRT-RTX): lowered whole,
+    and teacher-forced logits match eager."""
     (entry,) = suite.select([f"hf-decoder/{family}"])
     row = build_row(entry, "fp32", tmp_path)
     assert row["lowered_whole"], row
