@@ -1,5 +1,6 @@
 """Elementwise portable kernels in a row run as one kernel on CUDA (`fused_kernels.py`): which runs
-fuse, from a program's plan on the CPU; on a GPU, the fused program computes what its kernels did."""
+fuse, from a program's plan on the CPU; each op's code against PyTorch's kernel (compiled by g++ on
+the CPU, by NVRTC on a GPU); on a GPU, the fused program computes what its kernels did."""
 
 import ctypes
 import shutil
