@@ -136,8 +136,9 @@ def _placeholder(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IOB
     shape = tuple(-1 if lo != hi else lo for lo, _, hi in ranges)
     tensor = ctx.network.add_input(node.name, torch_to_trt(val.dtype), shape)
     for i, d in enumerate(val.shape):
-        if isinstance(d, torch.SymInt) and known_size(d).is_Symbol:
-            ctx.symbols.setdefault(known_size(d), (tensor, i))
+        expr = known_size(d) if isinstance(d, torch.SymInt) else None
+        if expr is not None and expr.is_Symbol:
+            ctx.symbols.setdefault(expr, (tensor, i))
     bounds = (tuple(r[0] for r in ranges), tuple(r[2] for r in ranges)) if -1 in shape else ((), ())
     bindings.append(IOBinding.of(node.name, val.dtype, shape, True, *bounds))
     if -1 in shape:
