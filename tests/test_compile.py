@@ -1,18 +1,19 @@
 """The compile step: engine-bearing ExportedPrograms with one custom-op call per engine."""
 
+import operator
 from pathlib import Path
 
 import pytest
 import torch
 from torch.export import Dim
 
-from pipeline.delegate.blob import decode_op_metadata
+from pipeline.delegate.blob import CHANNELS_LAST, decode_op_metadata
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import CompileSpecError, RuntimeUnavailableError
 from pipeline.lowering.compile import compile_method
 from pipeline.models.decoder import MethodView, tiny_decoder
 from pipeline.runtime.engine_op import is_engine_call
-from tests.helpers import GPU, MIXED_SPEC, Mixed, assert_close
+from tests.helpers import GPU, MIXED_SPEC, MODEL_TOLERANCE, Mixed, assert_close
 from tests.helpers import MIXED_INPUT as X
 
 
@@ -74,6 +75,51 @@ def test_a_size_two_engines_use_is_computed_in_each() -> None:
     if GPU:
         x = torch.randn(2, 11, 4)
         assert_close(program.module()(x.cuda()), SizeTwice()(x), "fp32")
+
+
+class Gated(torch.nn.Module):
+    """Squeeze-and-excitation with its gate left outside (`torch_executed_ops=[aten.hardsigmoid]`): the
+    feature map passes from the first engine to the second only; the second gate reads a whole map,
+    and the program returns one (those stay in the program's order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.conv3 = torch.nn.Conv2d(16, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.conv1(x))
+        gate = torch.nn.functional.hardsigmoid(y.mean((2, 3), keepdim=True))
+        z = self.conv2(y * gate)
+        return self.conv3(torch.nn.functional.hardsigmoid(z)), z
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # TensorRT's HWC; HWC8 (16 channels)
+def test_values_only_engines_touch_are_held_channels_last(dtype: torch.dtype) -> None:
+    model, x = Gated().eval().to(dtype), torch.randn(1, 3, 12, 10, dtype=dtype)
+    program = compile_method(model, (x,), TensorRTCompileSpec(torch_executed_ops=("aten.hardsigmoid",)))
+    calls = _calls(program)
+    assert len(calls) == 3
+    layouts: dict[str, set[str]] = {}  # program value -> the layouts its bindings give it
+    for call in calls:
+        meta, _ = decode_op_metadata(call.args[2])
+        results = [u for u in call.users if u.target is operator.getitem]
+        for binding, value in zip(meta.inputs, call.args[0]):
+            layouts.setdefault(value.name, set()).add(binding.layout)
+        for user in results:
+            layouts.setdefault(user.name, set()).add(meta.outputs[user.args[1]].layout)
+    held = {name for name, kinds in layouts.items() if CHANNELS_LAST in kinds}
+    assert all(len(kinds) == 1 for kinds in layouts.values()), layouts  # writer and readers agree
+    nodes = {n.name: n for n in program.graph.nodes}
+    (y,) = held  # the first feature map: the gate's mean is 1 x 1, the second map reaches a kernel and the output
+    assert tuple(nodes[y].meta["val"].shape) == (1, 16, 12, 10)
+    assert all(is_engine_call(u) for u in nodes[y].users)
+    if GPU:
+        with torch.no_grad():
+            want = model.float()(x.float())
+        for got, ref in zip(program.module()(x.cuda()), want):  # TensorRT-RTX's fp32 convolutions: TF32's error
+            assert_close(got.float(), ref, "fp32" if dtype == torch.float32 else "fp16", MODEL_TOLERANCE)
 
 
 def test_a_profile_naming_no_dynamic_dim_is_one_line() -> None:

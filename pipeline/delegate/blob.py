@@ -66,6 +66,12 @@ KEY_PREFIX = "tensorrt.engine."
 _RESERVED = b"\x01" + b"\x00" * 7
 
 
+# An input or output binding whose memory holds its 4-D tensor channels last (N, H, W, C: TensorRT's
+# HWC format) where its shape says N, C, H, W: only engines read and write it (one engine's output
+# that only other engines read), so it never meets a kernel or the caller.
+CHANNELS_LAST = "channels_last"
+
+
 @dataclass(frozen=True)
 class IOBinding:
     """One engine input or output: TensorRT tensor name, dtype name, shape (-1: dynamic)."""
@@ -77,11 +83,13 @@ class IOBinding:
     min_shape: tuple[int, ...] = ()  # dynamic inputs: the profile's bounds; () for static bindings
     max_shape: tuple[int, ...] = ()
     aliases: str = ""  # outputs written in place: the input binding whose memory they share
+    layout: str = ""  # CHANNELS_LAST, or "" for the order its shape says
 
     @classmethod
     def of(cls, name: str, dtype: torch.dtype, shape: tuple[int, ...], is_input: bool,
-           min_shape: tuple[int, ...] = (), max_shape: tuple[int, ...] = (), aliases: str = "") -> IOBinding:
-        return cls(name, dtypes.name_of(dtype), shape, is_input, min_shape, max_shape, aliases)
+           min_shape: tuple[int, ...] = (), max_shape: tuple[int, ...] = (), aliases: str = "",
+           layout: str = "") -> IOBinding:
+        return cls(name, dtypes.name_of(dtype), shape, is_input, min_shape, max_shape, aliases, layout)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -100,13 +108,15 @@ class IOBinding:
             doc.update(min=list(self.min_shape), max=list(self.max_shape))
         if self.aliases:
             doc["aliases"] = self.aliases
+        if self.layout:
+            doc["layout"] = self.layout
         return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> IOBinding:
         return cls(str(doc["name"]), str(doc["dtype"]), tuple(int(d) for d in doc["shape"]), bool(doc["is_input"]),
                    tuple(int(d) for d in doc.get("min", ())), tuple(int(d) for d in doc.get("max", ())),
-                   str(doc.get("aliases", "")))
+                   str(doc.get("aliases", "")), str(doc.get("layout", "")))
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,8 @@ class EngineCache:
         digest.update(repr(sorted(options.items())).encode())
         for part in canonical_graph(source):
             digest.update(part)
+        if source.channels_last:
+            digest.update(repr(sorted(source.channels_last)).encode())
         if spec.quantize.active:  # which weights quantize hangs on their names (quantize.keep)
             digest.update(repr(sorted(source.names.items())).encode())
         return digest.hexdigest()

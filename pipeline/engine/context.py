@@ -44,6 +44,7 @@ class ConversionContext:
         self.folded: set[torch.fx.Node] = set()  # nodes whose effect another node's layer already applies
         self.in_place: dict[torch.fx.Node, str] = {}  # node -> the network input its output updates in place
         self.symbols: dict[Any, tuple[Any, int]] = {}  # a dim's symbol -> (network input, dim) of that size
+        self.channels_last: frozenset[str] = frozenset()  # the bindings held channels last (GraphSource)
         self._keep: list[np.ndarray] = []  # TensorRT reads weights at build time, not at add time
         from pipeline.engine.quantize import QuantizationPlan
 

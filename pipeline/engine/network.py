@@ -14,7 +14,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from pipeline import dtypes
-from pipeline.delegate.blob import IOBinding
+from pipeline.delegate.blob import CHANNELS_LAST, IOBinding
 from pipeline.engine import quantize
 from pipeline.engine.compile_spec import DimRange, TensorRTCompileSpec
 from pipeline.engine.context import ConversionContext, known_size, torch_to_trt
@@ -46,6 +46,9 @@ class GraphSource:
     constants: dict[str, torch.Tensor | None]
     range_constraints: dict[Any, Any]
     names: dict[str, str] = field(default_factory=dict)
+    # The inputs and outputs (placeholder names, `output_<i>`) whose memory only engines read and
+    # write: they are held channels last (`blob.CHANNELS_LAST`), as convolutions keep them inside.
+    channels_last: frozenset[str] = frozenset()
 
 
 def graph_source(program: ExportedProgram) -> GraphSource:
@@ -70,6 +73,7 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
     _check_profiles(spec, source.range_constraints)
     profiles: list[dict[str, ShapeRange]] = [{} for _ in range(1 + len(spec.profiles))]
     ctx.range_constraints = source.range_constraints
+    ctx.channels_last = source.channels_last
     # Every constant is known before any node converts: a converter may read ahead (the convolution
     # folds the batch norm's statistics in), and a graph may place placeholders after nodes that
     # do not read them (torch 2.11's partitions do).
@@ -135,12 +139,13 @@ def _placeholder(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IOB
     ranges = [_dim_range(d, ctx, ctx.spec.symbol_ranges, node.name, i) for i, d in enumerate(val.shape)]
     shape = tuple(-1 if lo != hi else lo for lo, _, hi in ranges)
     tensor = ctx.network.add_input(node.name, torch_to_trt(val.dtype), shape)
+    layout = _layout(ctx, tensor, node.name, val.dtype)
     for i, d in enumerate(val.shape):
         expr = known_size(d) if isinstance(d, torch.SymInt) else None
         if expr is not None and expr.is_Symbol:
             ctx.symbols.setdefault(expr, (tensor, i))
     bounds = (tuple(r[0] for r in ranges), tuple(r[2] for r in ranges)) if -1 in shape else ((), ())
-    bindings.append(IOBinding.of(node.name, val.dtype, shape, True, *bounds))
+    bindings.append(IOBinding.of(node.name, val.dtype, shape, True, *bounds, layout=layout))
     if -1 in shape:
         profiles[0][node.name] = _shape_range(ranges)
         for k, extra in enumerate(ctx.spec.profiles, start=1):
@@ -230,5 +235,27 @@ def _mark_outputs(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IO
         ctx.network.mark_output(tensor)
         marked.add(id(tensor))
         shape = tuple(d if isinstance(d, int) else -1 for d in val.shape)
-        bindings.append(IOBinding.of(name, val.dtype, shape, False, aliases=aliases))
+        layout = "" if aliases else _layout(ctx, tensor, name, val.dtype)  # memory it updates in place: the program's order
+        bindings.append(IOBinding.of(name, val.dtype, shape, False, aliases=aliases, layout=layout))
+
+
+def holds_channels_last(val: Any) -> bool:
+    """Whether an engine input or output of this value can be held channels last: a float N, C, H, W
+    tensor whose H, W are not known to be 1 x 1 (there both orders are one), in fp32 (TensorRT's HWC),
+    or in fp16/bf16 with a channel count of eights (HWC8, which pads channels to eights otherwise)."""
+    if not isinstance(val, torch.Tensor) or val.dim() != 4 or val.dtype not in dtypes.FLOAT_DTYPES:
+        return False
+    if val.shape[2] == 1 and val.shape[3] == 1:
+        return False
+    return val.dtype == torch.float32 or (isinstance(val.shape[1], int) and val.shape[1] % 8 == 0)
+
+
+def _layout(ctx: ConversionContext, tensor: Any, name: str, dtype: torch.dtype) -> str:
+    """Hold an input or output only engines touch channels last (`holds_channels_last`), so that
+    neither engine at the boundary turns its convolutions' layout into the program's and back."""
+    if name not in ctx.channels_last:
+        return ""
+    formats = trt().TensorFormat
+    tensor.allowed_formats = 1 << int(formats.HWC if dtype == torch.float32 else formats.HWC8)
+    return CHANNELS_LAST
 

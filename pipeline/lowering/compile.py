@@ -26,7 +26,7 @@ from pipeline.engine import calibration, quantize
 from pipeline.engine.builder import build_engine, profile_count
 from pipeline.engine.cache import EngineCache
 from pipeline.engine.compile_spec import TensorRTCompileSpec
-from pipeline.engine.network import GraphSource
+from pipeline.engine.network import GraphSource, holds_channels_last
 from pipeline.errors import ExportError, PipelineError, UnsupportedOperatorError
 from pipeline.lowering.complex_pairs import complex_as_pairs
 from pipeline.lowering.constant_fold import ENGINE_COMPUTES, attr, content_digest, fold_constants, written_buffers
@@ -265,14 +265,37 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
     mark_refused(gm, refused)
     fused = fuse_by_partitions(gm, [dict.fromkeys(block) for block in blocks], prefix="fused_")
     calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
+    channels_last = _between_engines(fused, calls)
     for count, node in enumerate(calls):  # the label is the progress line: "engine 3/12 of method ..."
         _replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}", cache,
-                             state)
+                             state, channels_last[node])
     count = len(calls)
     fused.graph.eliminate_dead_code()
     fused.delete_all_unused_submodules()
     fused.recompile()
     return count
+
+
+def _between_engines(gm: torch.fx.GraphModule, calls: list[torch.fx.Node]) -> dict[torch.fx.Node, frozenset[str]]:
+    """Per engine call, the bindings (placeholder names, `output_<i>`) of its 4-D float values that
+    pass from one engine to others only (no kernel, no method output reads them): their memory is
+    the engines' own, held channels last as the engines' convolutions hold it."""
+    engines = set(calls)
+    names: dict[torch.fx.Node, set[str]] = {call: set() for call in calls}
+    for call in calls:
+        sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
+        tuple_out = isinstance(next(n for n in sub.graph.nodes if n.op == "output").args[0], (tuple, list))
+        items = [u for u in call.users if u.target is operator.getitem]
+        values = {u: int(u.args[1]) for u in items} if tuple_out else {call: 0}  # type: ignore[arg-type]
+        for value, index in values.items():
+            if not value.users or not set(value.users) <= engines or not holds_channels_last(value.meta.get("val")):
+                continue
+            names[call].add(f"output_{index}")
+            for reader in value.users:
+                sub_reader: torch.fx.GraphModule = getattr(gm, reader.target)  # type: ignore[arg-type]
+                placeholders = [n for n in sub_reader.graph.nodes if n.op == "placeholder"]
+                names[reader] |= {ph.name for ph, arg in zip(placeholders, reader.args) if arg is value}
+    return {call: frozenset(found) for call, found in names.items()}
 
 
 def _constant_work_left(gm: torch.fx.GraphModule, blocks: list[list[torch.fx.Node]], state: frozenset[str]) -> bool:
@@ -290,7 +313,8 @@ def _constant_work_left(gm: torch.fx.GraphModule, blocks: list[list[torch.fx.Nod
 
 
 def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],
-                         spec: TensorRTCompileSpec, label: str, cache: EngineCache | None, state: frozenset[str]) -> None:
+                         spec: TensorRTCompileSpec, label: str, cache: EngineCache | None, state: frozenset[str],
+                         channels_last: frozenset[str] = frozenset()) -> None:
     sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
     for ph, arg in zip([n for n in sub.graph.nodes if n.op == "placeholder"], call.args):
         assert isinstance(arg, torch.fx.Node)
@@ -309,7 +333,7 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
             constants[ph.name] = None
             runtime_args.append(arg)
     _rematerialize_symints(gm, call, sub, dict(zip(placeholders, call.args)))
-    source = GraphSource(sub.graph, constants, ranges, names)
+    source = GraphSource(sub.graph, constants, ranges, names, channels_last)
     built = build_engine(source, spec, label=label, cache=cache)
     inputs = [ph for ph in placeholders if constants[ph.name] is None]
     outputs = _outputs(sub)

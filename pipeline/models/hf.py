@@ -248,8 +248,9 @@ class Decoder(torch.nn.Module):
             layer.values = getattr(self.model, f"value_cache_{i}")
             if hasattr(self.model, f"cumulative_length_{i}"):
                 layer.cumulative_length = getattr(self.model, f"cumulative_length_{i}")
-            if hasattr(layer, "device"):  # set when the cache was made; the module may have moved since
-                layer.device = layer.keys.device
+            for attr, value in list(vars(layer).items()):  # the devices it noted when made (its own, its
+                if isinstance(value, torch.device):  # indexer's): the module may have moved since
+                    setattr(layer, attr, layer.keys.device)
         for i, name in self._more_state:
             state = getattr(self.model, f"{name}_{i}")
             setattr(layers[i], name, state)
