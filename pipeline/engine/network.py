@@ -235,7 +235,10 @@ def _mark_outputs(ctx: ConversionContext, node: torch.fx.Node, bindings: list[IO
         ctx.network.mark_output(tensor)
         marked.add(id(tensor))
         shape = tuple(d if isinstance(d, int) else -1 for d in val.shape)
-        layout = "" if aliases else _layout(ctx, tensor, name, val.dtype)  # memory it updates in place: the program's order
+        if aliases and name in ctx.channels_last:  # the state it updates in place keeps the program's order
+            raise UnsupportedOperatorError(f"engine output {i} ({arg.name}) updates {aliases!r} in place, so it cannot "
+                                           "also pass to other engines channels last")
+        layout = _layout(ctx, tensor, name, val.dtype)
         bindings.append(IOBinding.of(name, val.dtype, shape, False, aliases=aliases, layout=layout))
 
 
