@@ -86,6 +86,24 @@ def test_zoo_programs_run_in_executorchs_runtime(model: str, precision: str, ser
                 assert_close(out, ref, precision, MODEL_TOLERANCE)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_engines_passing_maps_channels_last_run_natively(precision: str, tmp_path: Path) -> None:
+    """A program split into ten engines by an op left outside, the feature maps between them held
+    channels last: the runner (step by step and as one graph) gives what pipeline.runtime gives."""
+    cfg = _cfg("model=mobilenet_v3_small", f"compile.precision={precision}",
+               "compile.torch_executed_ops=[aten.hardsigmoid]")
+    files = run_all(cfg, tmp_path)
+    (spec,) = cfg.model.methods.values()
+    inputs = list(objects.example_inputs(spec, 1))
+    with torch.no_grad():
+        ref = objects.model(cfg)(*inputs)
+    (expected,) = [o.cpu() for o in load(files["pte"], files.get("ptd")).method("forward").execute(inputs)]
+    for flags in ((), ("--method-graph", "--repeat", "3")):
+        (out,) = _runner_outputs(files, "forward", inputs, tmp_path, *flags)
+        torch.testing.assert_close(torch.as_tensor(out), expected, rtol=1e-3, atol=1e-3, msg=str(flags))
+    assert_close(expected, ref, precision, MODEL_TOLERANCE)
+
+
 def test_the_earlier_blob_layout_runs_natively(tmp_path: Path) -> None:
     """A TR01 program (engine inline in the blob) from before engines became named data."""
     x, ref = legacy_tr01_case()
