@@ -69,6 +69,10 @@ bool read_binding(const Json& j, Binding& b) {
     if (a->kind != Json::kString) return false;
     b.aliases = a->text;
   }
+  if (const Json* l = j.get("layout")) {
+    if (l->kind != Json::kString) return false;
+    b.layout = l->text;
+  }
   return true;
 }
 
@@ -104,6 +108,10 @@ bool coherent(const BlobInfo& info, std::string& error) {
       if (b.is_input || it == inputs.end() || it->second->dtype != b.dtype || it->second->shape.size() != b.shape.size())
         return fail(error, where + "aliases '" + shown(b.aliases) + "', which is not an input binding of its dtype and rank");
     }
+    bool floating = b.dtype == "float32" || b.dtype == "float16" || b.dtype == "bfloat16";
+    if (!b.layout.empty() && (b.layout != "channels_last" || b.shape.size() != 4 || !b.aliases.empty() || !floating))
+      return fail(error, where + "has layout '" + shown(b.layout) +
+                             "': only a 4-D float binding that aliases nothing may be held 'channels_last'");
   }
   return true;
 }

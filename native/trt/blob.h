@@ -17,6 +17,7 @@ struct Binding {
   bool is_input = false;
   std::vector<int64_t> min_shape, max_shape;  // dynamic inputs: the first profile's bounds
   std::string aliases;                        // outputs written in place: the input they update
+  std::string layout;                         // "channels_last" (N, H, W, C memory; engines only) or ""
 };
 
 struct BlobInfo {

@@ -216,8 +216,9 @@ _DIM_MAX = 2**31 - 1  # TensorRT dims are int32
 def check_coherent(meta: BlobMetadata) -> None:
     """Refuse metadata that no writer of this contract produces, whoever sealed the file around it:
     binding names unique, dtypes known, static dims with bounds equal to them, dynamic dims (-1) with
-    0 <= min <= max < 2**31, bounds of the shape's rank, at least one output, and aliases that name an
-    input binding of the same dtype and rank.
+    0 <= min <= max < 2**31, bounds of the shape's rank, at least one output, aliases that name an
+    input binding of the same dtype and rank, and a layout only where a 4-D float binding that aliases
+    nothing is held channels last.
 
     Raises:
         BlobFormatError: naming the binding and the broken rule.
@@ -243,6 +244,10 @@ def check_coherent(meta: BlobMetadata) -> None:
         if b.aliases and (b.is_input or b.aliases not in inputs or inputs[b.aliases].dtype != b.dtype
                           or len(inputs[b.aliases].shape) != len(b.shape)):
             raise BlobFormatError(f"{where} aliases {b.aliases!r}, which is not an input binding of its dtype and rank")
+        if b.layout and (b.layout != CHANNELS_LAST or len(b.shape) != 4 or b.aliases
+                         or b.torch_dtype not in dtypes.FLOAT_DTYPES):
+            raise BlobFormatError(f"{where} has layout {b.layout!r}: only a 4-D float binding that aliases nothing "
+                                  f"may be held {CHANNELS_LAST!r}")
 
 
 def tf32_override_doc(meta: BlobMetadata) -> dict[str, str]:

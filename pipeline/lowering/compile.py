@@ -314,7 +314,7 @@ def _constant_work_left(gm: torch.fx.GraphModule, blocks: list[list[torch.fx.Nod
 
 def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],
                          spec: TensorRTCompileSpec, label: str, cache: EngineCache | None, state: frozenset[str],
-                         channels_last: frozenset[str] = frozenset()) -> None:
+                         channels_last: frozenset[str]) -> None:
     sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
     for ph, arg in zip([n for n in sub.graph.nodes if n.op == "placeholder"], call.args):
         assert isinstance(arg, torch.fx.Node)

@@ -124,3 +124,18 @@ def test_damaged_blobs_are_refused_never_read_past(reader: Path, tmp_path: Path)
             refused += 1
             assert line.startswith("ERR TensorRT blob ") and "\n" not in line
     assert refused > len(cases) // 2
+
+
+def test_layouts_are_read_and_refused_as_the_pipeline_does(reader: Path, tmp_path: Path) -> None:
+    ref = blob.EngineRef.of(bytes(range(256)))
+
+    def held(dtype: str, shape: tuple[int, ...], layout: str = blob.CHANNELS_LAST) -> bytes:
+        bindings = (blob.IOBinding("x", dtype, shape, True, layout=layout), blob.IOBinding("y", "float32", (1, 4), False))
+        return blob.encode(ref, blob.BlobMetadata(io_bindings=bindings))
+
+    taken, refused = [held("float32", (1, 8, 4, 4)), held("float16", (1, 8, 4, 4))], [
+        held("float32", (1, 8)), held("int64", (1, 8, 4, 4)), held("float32", (1, 8, 4, 4), layout="nhwc")]
+    lines = read_all(reader, taken + refused, tmp_path)
+    assert lines[:2] == [f"OK 2 {ref.key}"] * 2 and not any(map(python_refusal, taken))
+    for line, data in zip(lines[2:], refused):
+        assert line.startswith("ERR TensorRT blob ") and "has layout" in line and "has layout" in python_refusal(data)

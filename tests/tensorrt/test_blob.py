@@ -161,6 +161,8 @@ def _binding(**changes: object) -> dict[str, object]:
     ([_binding(), {"name": "y", "dtype": "int64", "shape": [-1, 8], "is_input": False, "aliases": "x"}],
      "aliases 'x', which is not an input binding of its dtype"),
     ([_binding(dtype="float128")], "has dtype 'float128'"),
+    ([_binding(layout="nhwc")], "has layout 'nhwc': only a 4-D float binding"),
+    ([_binding(layout="channels_last")], "has layout 'channels_last': only a 4-D float binding"),
     ([_binding()], "binds no output"),
 ])
 def test_incoherent_metadata_is_refused_whoever_sealed_it(bindings: list[dict[str, object]], message: str) -> None:
