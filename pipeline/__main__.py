@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from pipeline.cli import check_arguments, check_yaml, job_overrides, reported
-from pipeline.config.compose import CONF_DIR, compose, typed
+from pipeline.config.compose import CONF_DIR, check_files, compose, typed
 from pipeline.config.schema import register_configs
 from pipeline.config.validate import validate
 from pipeline.files import write_json
@@ -57,11 +57,7 @@ def cli() -> None:
         check_yaml(CONF_DIR)
         register_configs()
         for overrides in job_overrides(sys.argv[1:]) or []:
-            weights = compose(overrides).model.get("weights")
-            if weights:  # the files a job reads are there and of a known format (they are read when it runs)
-                from pipeline.models.checkpoint import weight_files
-
-                weight_files(weights)
+            check_files(compose(overrides))  # the files a job reads are there and of a known kind
     main()
 
 

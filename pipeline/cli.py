@@ -40,15 +40,23 @@ _DIR_INTERPOLATION = re.compile(r"\$\{(now:[^}]*|hydra\.job\.[a-z_]+|hydra\.runt
 @contextmanager
 def reported() -> Iterator[None]:
     """Turn our errors (and Hydra's, OmegaConf's, YAML's and the OS's) into one line and exit 2."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         yield
-    except (PipelineError, HydraException, OmegaConfBaseException, yaml.YAMLError, OSError) as exc:
+    except (PipelineError, yaml.YAMLError, OSError) as exc:
         if os.environ.get(DEBUG_ENV):
             raise
         fail(exc)
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV) or not isinstance(exc, _config_errors()):
+            raise
+        fail(exc)
+
+
+def _config_errors() -> tuple[type[BaseException], ...]:
+    """Hydra's and OmegaConf's error bases, of those loaded: only a loaded library raises its errors, and
+    a stage that never composes (`names`, `toolchain`) starts without importing them."""
+    bases = (("hydra.errors", "HydraException"), ("omegaconf.errors", "OmegaConfBaseException"))
+    return tuple(getattr(sys.modules[m], name) for m, name in bases if m in sys.modules)
 
 
 def fail(exc: BaseException) -> NoReturn:

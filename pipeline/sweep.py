@@ -105,4 +105,5 @@ class SweepSummary(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         table = write_summary(sweep_dir)
         failed = sum(row["status"] == "failed" for row in table)
-        log.info("sweep summary of %d jobs (%d failed): %s", len(table), failed, sweep_dir / "summary.md")
+        log.info("sweep summary of %d jobs (%d failed), also in %s:\n%s", len(table), failed, sweep_dir / "summary.md",
+                 markdown(table).rstrip("\n"))

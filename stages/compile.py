@@ -11,7 +11,7 @@ def main() -> None:
 
     from pipeline.engine.toolchain import WEIGHTS
     from pipeline.files import write_json
-    from pipeline.steps import run_compile
+    from pipeline.steps.compile import run_compile
 
     recorded = json.loads((layout.build / "toolchain.json").read_text()).get(WEIGHTS)
     write_json(layout.timings, run_compile(cfg, layout.build / "compiled", recorded))

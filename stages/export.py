@@ -7,7 +7,7 @@ from _common import run, setup
 
 def main() -> None:
     cfg, layout = setup(__doc__)
-    from pipeline.steps import run_export
+    from pipeline.steps.export import run_export
 
     run_export(cfg, layout.build / "compiled", layout.build / "exported", layout.build / "report.json")
 

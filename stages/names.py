@@ -5,26 +5,20 @@ could refuse it. Writes `build/names.json`, the build folder of each name (no to
 
 from __future__ import annotations
 
-import yaml
 from _common import Layout, parser, run
 
-from pipeline.config.compose import check_params_file, target_config
-from pipeline.config.validate import check_plain_names
+from pipeline.config.params_file import check_plain_names, plain_target, read_plain, target_names
 from pipeline.files import write_json
 
 
 def main() -> None:
     parser(__doc__).parse_args()
-    check_params_file()
-    with open("params.yaml") as f:
-        params = yaml.safe_load(f) or {}
-    if not isinstance(params, dict):
-        check_plain_names({}, None)  # one line: params.yaml holds no model name
+    params = read_plain()
     check_plain_names(params, None)
     folders = {"model": str(Layout.of(params, None).build), "targets": {}}
-    for key in params.get("targets") or {}:
-        check_plain_names(target_config(params, str(key)), str(key))
-        folders["targets"][str(key)] = str(Layout.of(params, str(key)).build)
+    for key in target_names(params):
+        check_plain_names(plain_target(params, key), key)
+        folders["targets"][key] = str(Layout.of(params, key).build)
     write_json("build/names.json", folders)
 
 

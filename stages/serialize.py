@@ -7,7 +7,7 @@ from _common import run, setup
 
 def main() -> None:
     cfg, layout = setup(__doc__)
-    from pipeline.steps import run_serialize
+    from pipeline.steps.serialize import run_serialize
 
     run_serialize(cfg, layout.build / "transformed", layout.build / "program", layout.build / "manifest.json")
 

@@ -8,7 +8,7 @@ from _common import run, setup
 
 def main() -> None:
     cfg, layout = setup(__doc__)
-    from pipeline.steps import run_validate
+    from pipeline.steps.validate import run_validate
 
     run_validate(cfg, layout.build, layout.timings, layout.metrics, layout.plot)
 

@@ -123,14 +123,25 @@ def test_exp_run_never_drops_composed_overrides(repo: Path) -> None:
     assert "Running stage 'compile'" not in result.stdout  # refused at the first stage, before any build
 
 
+def test_exp_run_validates_the_params_it_composed(repo: Path) -> None:
+    """`dvc exp run -S` composes params.yaml itself; its first stage refuses a bad value with the line
+    `compose` gives it, before any build."""
+    _run([sys.executable, "-m", "pipeline.config.compose"], repo)
+    result = subprocess.run(["dvc", "exp", "run", "-S", "compile.precision=int4"], cwd=repo, capture_output=True,
+                            text=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    assert result.returncode != 0 and "compile: precision='int4' is not supported" in result.stdout + result.stderr
+    assert "Running stage 'compile'" not in result.stdout
+    _run([sys.executable, "-m", "pipeline.config.compose"], repo)
+
+
 def test_weights_are_a_dependency_of_the_build(repo: Path) -> None:
     """`model.weights`: a changed checkpoint rebuilds, a touched one does not, and `dvc exp run -S
     model.weights=...` builds from the file it names (its digest in the manifest)."""
     import torch
     from safetensors.torch import save_file
 
-    from pipeline.models.checkpoint import digests
     from pipeline.models.mlp import MLP
+    from pipeline.models.weight_files import digests
 
     (repo / "weights").mkdir()
     for name, seed in (("a", 5), ("b", 6)):

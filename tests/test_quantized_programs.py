@@ -49,3 +49,14 @@ def test_a_keep_pattern_that_names_nothing_is_refused(tmp_path: Path) -> None:
                                                r"method 'prefill' \(its names look like '.*\.weight'\)"):
         run_all(cfg, tmp_path)  # type: ignore[arg-type]
     assert not (tmp_path / "program").exists()
+
+
+def test_the_docs_int4_example_quantizes_every_layer(tmp_path: Path) -> None:
+    """docs/quantization.md's sweep over llama_tiny, at its int4 value: no weight stays float (at the
+    default group_size its 64-wide layers would, and the console would say so)."""
+    docs = Path(__file__).resolve().parents[1] / "docs" / "quantization.md"
+    line = next(ln for ln in docs.read_text().splitlines() if "model=llama_tiny" in ln and "int4_weight_only" in ln)
+    overrides = [a if not a.startswith("compile.quantize.mode=") else "compile.quantize.mode=int4_weight_only"
+                 for a in line.split() if "=" in a]
+    summary = _engine([*overrides, "cache=off"], tmp_path)["quantized"]
+    assert summary["kept_float"] == {} and summary["layers"] == {"linear": 15, "embedding": 1}

@@ -24,6 +24,7 @@ def _sweep(tmp: Path, name: str, *overrides: str) -> list[dict]:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     table = json.loads((tmp / name / "summary.json").read_text())
     assert (tmp / name / "summary.md").read_text() == markdown(rows(tmp / name))
+    assert markdown(rows(tmp / name)).rstrip("\n") in result.stdout + result.stderr  # the table, on the console
     return table
 
 

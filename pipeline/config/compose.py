@@ -10,7 +10,6 @@ overrides given here refuses at its first stage (`check_experiment`) and says ho
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,9 +18,11 @@ from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.cli import check_arguments, check_yaml, reported
+from pipeline.config.params_file import check_params_file, check_target
 from pipeline.config.schema import PipelineConfig, register_configs, typed
 from pipeline.config.validate import validate
 from pipeline.errors import ConfigError
@@ -32,8 +33,8 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 COMPOSED = Path("build") / "composed.json"
 
 
-def compose(overrides: Sequence[str] = (), conf_dir: str | Path | None = None) -> DictConfig:
-    """The composed, validated, fully resolved config.
+def compose(overrides: Sequence[str] = (), conf_dir: str | Path | None = None, checked: bool = True) -> DictConfig:
+    """The composed, validated (unless not `checked`), fully resolved config.
 
     Raises:
         hydra/omegaconf errors for unknown keys and wrong types; ConfigError for malformed YAML and the
@@ -42,10 +43,23 @@ def compose(overrides: Sequence[str] = (), conf_dir: str | Path | None = None) -
     check_yaml(conf_dir or CONF_DIR)
     register_configs()
     with initialize_config_dir(config_dir=str(Path(conf_dir or CONF_DIR).resolve()), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        try:
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        except MissingConfigException as exc:
+            raise ConfigError(_no_such_option(exc)) from None
     OmegaConf.resolve(cfg)
-    validate(cfg)
+    if checked:
+        validate(cfg)
     return cfg
+
+
+def _no_such_option(exc: MissingConfigException) -> str:
+    """One line for a config group option that does not exist, naming those that do (not the schemas)."""
+    group, _, name = str(exc.missing_cfg_file or "").rpartition("/")
+    options = [o for o in exc.options or [] if not o.endswith("_schema")]
+    if not group or not options:
+        return " ".join(str(exc).split())
+    return f"{group}={name}: conf/{group}/ has no {name}.yaml; use one of {', '.join(options)}"
 
 
 def write_params(cfg: DictConfig, path: str | Path = "params.yaml") -> Path:
@@ -68,36 +82,37 @@ def read_params(path: str | Path = "params.yaml", target: str | None = None) -> 
     return target_config(typed(cfg), target)
 
 
-def check_params_file(path: str | Path = "params.yaml") -> None:
-    """Refuse a `params.yaml` that is a pipe, a device or a folder (reading one would block or fail).
-
-    Raises:
-        ConfigError: naming the path and the command that writes it.
-    """
-    if Path(path).exists() and not Path(path).is_file():
-        raise ConfigError(f"{path} is not a regular file (a pipe, device or folder); write it with "
-                          "`python -m pipeline.config.compose [OVERRIDES]`")
-
-
-def target_config(cfg: Any, target: str | None) -> Any:
+def target_config(cfg: PipelineConfig, target: str | None) -> PipelineConfig:
     """The build config of one matrix target: the target's model and compile variant with the
-    top-level groups (partitioners, transforms, serialize, runtime, cache); `cfg` itself for None.
-    `cfg` is the typed config, or (for the stages that check names and digests before anything is
-    validated) params.yaml as plain data; the result is of the same kind.
+    top-level groups (partitioners, transforms, serialize, runtime, cache); `cfg` itself for None
+    (params.yaml as plain data: `params_file.plain_target`).
 
     Raises:
         ConfigError: `cfg` has no target of that name.
     """
     if target is None:
         return cfg
-    plain = not isinstance(cfg, PipelineConfig)
-    targets = (cfg.get("targets") or {}) if plain else cfg.targets
-    if target not in targets:
-        raise ConfigError(f"params.yaml has no build target {target!r} (it has {sorted(targets)}); compose the "
-                          "matrix that holds it, e.g. `python -m pipeline.config.compose matrix=zoo`")
-    if plain:
-        return {**cfg, "model": targets[target]["model"], "compile": targets[target]["compile"], "targets": {}}
-    return replace(cfg, model=targets[target].model, compile=targets[target].compile, targets={})
+    check_target(target, cfg.targets)
+    return replace(cfg, model=cfg.targets[target].model, compile=cfg.targets[target].compile, targets={})
+
+
+def check_files(cfg: DictConfig) -> None:
+    """The files a composed config reads are there and of a known kind (each build target's too): weight
+    files and model folders (`weight_files.weight_files`), calibration files. `compose` and `python -m
+    pipeline` refuse with the same line before anything is written or run (the files are read later).
+
+    Raises:
+        ConfigError: naming the key, the path and the fix.
+    """
+    from pipeline.engine.toolchain import calibration_files
+    from pipeline.models.weight_files import regular_file, weight_files
+
+    plain: Any = OmegaConf.to_container(cfg, resolve=True)
+    for config in [plain, *((plain.get("targets") or {}).values())]:
+        if (config.get("model") or {}).get("weights"):
+            weight_files(config["model"]["weights"])
+        for path in calibration_files(config.get("compile") or {}):
+            regular_file(Path(path), "compile.quantize.calibration")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -106,25 +121,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     with reported():  # one line for any bad value, and nothing written
         check_arguments(args)
-        out = write_params(compose(args))
+        cfg = compose(args)
+        check_files(cfg)
+        out = write_params(cfg)
         write_json(COMPOSED, {"overrides": args})
     print(f"wrote {out} ({' '.join(args) or 'defaults'})")
 
 
-def check_experiment(params: str | Path = "params.yaml") -> None:
-    """Inside `dvc exp run` (which composes params.yaml from conf/ and its own -S overrides), refuse
-    when the overrides last given to `compose` are not all in params.yaml.
+def check_experiment(params: str | Path = "params.yaml", target: str | None = None) -> None:
+    """Inside `dvc exp run` (which composes params.yaml from conf/ and its own -S overrides): validate
+    the params.yaml it composed (what `compose` would have refused, refused here with the same line),
+    then refuse when the overrides last given to `compose` are not all in it. Those overrides are
+    composed, never validated or imported: only the params.yaml that runs is.
 
     Raises:
-        ConfigError: naming the dropped overrides and the command that keeps them.
+        ConfigError: params.yaml breaks a rule, or dropped overrides (naming them and the command that
+            keeps them).
     """
-    if not os.environ.get("DVC_EXP_NAME") or not COMPOSED.exists():
+    read_params(params, target)
+    if not COMPOSED.exists():
         return
     overrides = list(json.loads(COMPOSED.read_text()).get("overrides") or [])
     if not overrides:
         return
-    wanted = OmegaConf.to_container(compose(overrides), resolve=True)
-    base = OmegaConf.to_container(compose([]), resolve=True)
+    wanted = OmegaConf.to_container(compose(overrides, checked=False), resolve=True)
+    base = OmegaConf.to_container(compose([], checked=False), resolve=True)
     current = OmegaConf.to_container(OmegaConf.load(params), resolve=True)
     dropped = [key for key, value in _changes(base, wanted) if _get(current, key) != value]
     if dropped:

@@ -18,14 +18,14 @@ from pipeline.config.targets import locate
 from pipeline.engine.cache import EngineCache
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.models import checkpoint
+from pipeline.models import checkpoint, weight_files
 from pipeline.models.decoder import MethodView
 from pipeline.models.registry import download_reason
 from pipeline.models.weights import calibrate_batch_norms, show_every_layer
 
 log = logging.getLogger("pipeline")
 # The constant method naming a program's weight files: JSON {"path": model.weights, "files":
-# [{"file", "bytes", "sha256"}]} (`checkpoint.digests`).
+# [{"file", "bytes", "sha256"}]} (`weight_files.digests`).
 WEIGHTS = "pipeline_weights"
 # Input dtypes a config may name.
 DTYPES = {name: dtypes.BY_NAME[name].torch for name in ("float32", "float16", "bfloat16", "int64", "int32", "bool")}
@@ -77,7 +77,7 @@ def model(cfg: PipelineConfig) -> torch.nn.Module:
     kwargs = model_kwargs(factory, dict(section.kwargs), section.seed)
     check_no_download(factory, kwargs)
     weights = section.weights
-    if weights and checkpoint.is_model_folder(weights):
+    if weights and weight_files.is_model_folder(weights):
         if "folder" not in inspect.signature(factory).parameters:
             raise ConfigError(f"model.weights = {weights!r} is a Hugging Face model folder, which only a factory that takes "
                               "`folder` builds from (pipeline.models.hf.decoder, pipeline.models.hf.encoder); set "

@@ -13,12 +13,12 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from pipeline.config.params_file import NAME, check_plain_names
 from pipeline.config.targets import check_prefix, locate
 from pipeline.errors import CompileSpecError, ConfigError
 from pipeline.runtime import library_kernels as runtime_kernels
 from pipeline.runtime.options import EXECUTORS, KERNELS
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Hydra's instantiate keys: the pipeline never hands a config to `hydra.utils.instantiate`, so a
 # config that sets one would mean something it does not do.
 _INSTANTIATE_KEYS = ("_partial_", "_args_", "_convert_", "_recursive_")
@@ -65,7 +65,7 @@ def _check_targets(cfg: DictConfig, resolve_code: bool) -> None:
     """Each build-matrix target is a whole config: its model and compile variant with the shared groups."""
     plain: Any = OmegaConf.to_container(cfg, resolve=True)
     for name, target in (plain.get("targets") or {}).items():
-        if not _NAME.fullmatch(str(name)):
+        if not NAME.fullmatch(str(name)):
             raise ConfigError(f"targets.{name} is not a plain name; name targets with letters, digits, '_', '-' and '.'")
         try:
             validate(OmegaConf.create({**plain, **target, "targets": {}}), resolve_code)
@@ -134,20 +134,6 @@ def _check_cache(cfg: DictConfig) -> None:
             fsspec.core.url_to_fs(str(cache.url))
         except (ValueError, ImportError) as exc:
             raise ConfigError(f"cache.url = {cache.url!r} is not a folder or fsspec URL this machine can open ({exc})") from exc
-
-
-def check_plain_names(cfg: Mapping[str, Any], target: str | None) -> None:
-    """Names that become file and directory names (a build target's too): plain names, never paths.
-
-    Raises:
-        ConfigError: naming the key and what a plain name is.
-    """
-    model, serialize = cfg.get("model") or {}, cfg.get("serialize") or {}
-    for key, value in (("model.name", model.get("name")), ("serialize.output_name", serialize.get("output_name")),
-                       ("the build target", target)):
-        if (value is not None or key == "model.name") and not _NAME.fullmatch(str(value)):
-            raise ConfigError(f"{key} = {value!r} is not a plain file name; use letters, digits, '_', '-' and '.' "
-                              "(no paths), starting with a letter or digit")
 
 
 def _check_init(cfg: DictConfig) -> None:

@@ -47,14 +47,16 @@ import json
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from pipeline import dtypes
 from pipeline.delegate.tensor_spec import TensorSpec
 from pipeline.errors import BlobFormatError, CompileSpecError
+
+if TYPE_CHECKING:  # ExecuTorch loads only where specs are made (stages start faster)
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 BACKEND_ID = "TensorRTBackend"
 MAGIC = b"TR03"
@@ -360,6 +362,8 @@ def dtype_from_name(name: str) -> torch.dtype:
 # ---- compile-spec bytes -------------------------------------------------------------------------
 def encode_compile_specs(values: Mapping[str, Any]) -> list[CompileSpec]:
     """One ExecuTorch compile spec per field, its value the field's JSON."""
+    from executorch.exir.backend.compile_spec_schema import CompileSpec  # ExecuTorch only where specs are made
+
     return [CompileSpec(k, json.dumps(v).encode()) for k, v in values.items()]
 
 

@@ -44,6 +44,7 @@ from pipeline.engine import build_env
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.engine.network import GraphSource
 from pipeline.engine.trt_api import flavour
+from pipeline.errors import ConfigError
 from pipeline.files import write_bytes
 
 log = logging.getLogger("pipeline.engine")
@@ -94,6 +95,9 @@ class EngineCache:
     events: list[Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if KEY_ENV in os.environ and not os.environ[KEY_ENV].strip():  # set to nothing: never authentication off
+            raise ConfigError(f"${KEY_ENV} is set but empty, which would turn the cache's authentication off; set it "
+                              f"to the secret the machines sharing this cache use, or unset it (`unset {KEY_ENV}`)")
         self.url = self.url or os.environ.get(ENV) or str(Path.home() / ".cache" / "trt-executorch-pipeline" / "engines")
         self._fs, self._root = fsspec.core.url_to_fs(self.url)
         self._local = "file" in _protocols(self._fs)
@@ -272,7 +276,7 @@ def _encode(key: str, entry: Entry) -> bytes:
            "num_layers": entry.num_layers, "target_platform": entry.metadata.target_platform,
            **blob.tf32_override_doc(entry.metadata), "io_bindings": [b.to_json() for b in entry.metadata.io_bindings]}
     secret = os.environ.get(KEY_ENV)
-    if secret:
+    if secret is not None:  # never empty: EngineCache refuses that
         doc["hmac"] = _mac(secret, json.dumps(doc, separators=(",", ":")).encode())
     head = json.dumps(doc, separators=(",", ":")).encode()
     return MAGIC + _LENGTH.pack(len(head)) + head + entry.engine
@@ -286,7 +290,7 @@ def _authentic(data: bytes) -> bool:
     """Whether an entry (already decoded whole) carries a valid HMAC, where `$PIPELINE_ENGINE_CACHE_KEY`
     asks for one; the HMAC covers the header, which holds the engine's size and digest."""
     secret = os.environ.get(KEY_ENV)
-    if not secret:
+    if secret is None:
         return True
     (length,) = _LENGTH.unpack_from(data, 4)
     doc = json.loads(data[8 : 8 + length].decode())

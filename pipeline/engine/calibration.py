@@ -8,8 +8,7 @@ Its inputs must have the method's input count and dtypes; shapes may vary where 
 from __future__ import annotations
 
 import copy
-import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +17,6 @@ import torch
 from pipeline.engine.converters.registry import aten_op
 from pipeline.engine.quantize import SLOTS
 from pipeline.errors import CompileSpecError
-
-
-def files(compile_section: Mapping[str, Any]) -> list[str]:
-    """The calibration files a compile config names (its own and its methods')."""
-    sections = [compile_section.get("quantize"), *((o or {}).get("quantize") for o in
-                                                   (compile_section.get("per_method") or {}).values())]
-    return sorted({q["calibration"] for q in sections if isinstance(q, Mapping) and q.get("calibration")})
-
-
-def digests(compile_section: Mapping[str, Any]) -> dict[str, str]:
-    """SHA-256 of each calibration file the config names (a missing one: "missing"), for the DVC record
-    that makes a changed calibration set rebuild the engines."""
-    out = {}
-    for path in files(compile_section):
-        p = Path(path)
-        out[path] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "missing"
-    return out
 
 
 def samples(path: str | None, method: str, example_inputs: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, ...]]:

@@ -6,14 +6,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
-
-from executorch.exir.backend.compile_spec_schema import CompileSpec
+from typing import TYPE_CHECKING, Any
 
 from pipeline import dtypes
 from pipeline.delegate import blob
 from pipeline.engine.options import ATTENTION_FORMS, QUANTIZE_LAYERS, QUANTIZE_MODES, CompileOptions, QuantizeOptions
 from pipeline.errors import CompileSpecError
+
+if TYPE_CHECKING:
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 PRECISIONS = tuple(dtypes.PRECISIONS)  # compile.precision
 # Why no mode quantizes convolutions: TensorRT-RTX 1.6 gains nothing there (results/gpu-log.md, 2026-12-04).

@@ -7,6 +7,8 @@ a scale from calibration (`input_layers`). The engine then holds the quantized w
 from __future__ import annotations
 
 import fnmatch
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,8 @@ from pipeline.engine.context import torch_to_trt
 from pipeline.engine.converters.registry import aten_op
 from pipeline.engine.trt_api import trt
 from pipeline.errors import CompileSpecError
+
+log = logging.getLogger("pipeline")
 
 if TYPE_CHECKING:
     from pipeline.engine.context import ConversionContext
@@ -87,6 +91,22 @@ class QuantizationPlan:
         return {"mode": self.mode, "weights": len(self.weights), "layers": layers,
                 "quantized_inputs": len(self.inputs), "weight_bytes_16bit": self.float_bytes,
                 "weight_bytes_stored": self.stored_bytes, "kept_float": dict(sorted(self.kept.items()))}
+
+
+def say_what_was_quantized(spec: QuantizeSpec, plans: Sequence[QuantizationPlan], method: str) -> None:
+    """Say on the console how many of the weights a quantize mode could take it quantized, and warn
+    when that is fewer than half (a mode that changes almost nothing), naming the most common reason."""
+    if spec.mode == "none":
+        return
+    done = sum(len(p.weights) for p in plans)
+    kept = [why for p in plans for why in p.kept.values()]
+    total = done + len(kept)
+    if total and done * 2 >= total:
+        log.info("method %r: %s quantized %d of %d weight(s)", method, spec.mode, done, total)
+        return
+    common = max(set(kept), key=kept.count) if kept else "no layer of its kinds is in an engine"
+    log.warning("method %r: %s quantized %d of %d weight(s), so the program is barely smaller or faster than float; "
+                "most stayed float because %s (report.json lists each)", method, spec.mode, done, total, common)
 
 
 def plan(source: GraphSource, spec: QuantizeSpec) -> QuantizationPlan:

@@ -6,11 +6,13 @@ writes it on every `dvc repro` takes a fraction of a second."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +21,16 @@ from pipeline.engine.trt_api import CANDIDATES, PIN_ENV
 
 _PACKAGES = ("torch", "torchvision", "executorch")
 # The key under which the DVC stage `toolchain` adds the digests of the files `model.weights` names
-# (`pipeline.models.checkpoint.digests`), which the compile step checks the files it reads against.
+# (`pipeline.models.weight_files.digests`), which the compile step checks the files it reads against.
 WEIGHTS = "weights"
 
 
 def record(target_compute_capabilities: Sequence[str] = ()) -> dict[str, Any]:
     """The record; equal records mean equal engines for equal configs."""
-    versions = {}
-    for dist in importlib.metadata.distributions():
-        name = str(dist.metadata["Name"] or "").lower().replace("-", "_")
-        if name.startswith("tensorrt") or name in _PACKAGES:
-            versions[name] = dist.version
+    versions = _tensorrt_versions()
+    for name in _PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
     out: dict[str, Any] = {
         "tensorrt_module": _tensorrt_module(),
         "packages": dict(sorted(versions.items())),
@@ -50,6 +51,20 @@ def source_digest(package: Path) -> str:
     return digest.hexdigest()
 
 
+def _tensorrt_versions() -> dict[str, str]:
+    """Every installed `tensorrt*` distribution (flavour, bindings, libraries) and its version, read from
+    the names of their `NAME-VERSION.dist-info` folders (the wheel format's), the first on `sys.path`
+    winning as at import; no other package's metadata is parsed."""
+    out: dict[str, str] = {}
+    for entry in sys.path:
+        with contextlib.suppress(OSError):
+            for item in sorted(os.scandir(entry or "."), key=lambda e: e.name):
+                name, _, version = item.name.removesuffix(".dist-info").partition("-")
+                if item.name.endswith(".dist-info") and name.lower().startswith("tensorrt") and version:
+                    out.setdefault(name.lower(), version)
+    return out
+
+
 def _tensorrt_module() -> str | None:
     """The module `trt_api.trt()` would import (found, not imported)."""
     pinned = os.environ.get(PIN_ENV)
@@ -57,3 +72,20 @@ def _tensorrt_module() -> str | None:
         if importlib.util.find_spec(name) is not None:
             return name
     return None
+
+
+def calibration_files(compile_section: Mapping[str, Any]) -> list[str]:
+    """The calibration files a compile config names (its own and its methods')."""
+    sections = [compile_section.get("quantize"), *((o or {}).get("quantize") for o in
+                                                   (compile_section.get("per_method") or {}).values())]
+    return sorted({q["calibration"] for q in sections if isinstance(q, Mapping) and q.get("calibration")})
+
+
+def calibration_digests(compile_section: Mapping[str, Any]) -> dict[str, str]:
+    """SHA-256 of each calibration file the config names (a missing one: "missing"), for the DVC record
+    that makes a changed calibration set rebuild the engines."""
+    out = {}
+    for path in calibration_files(compile_section):
+        p = Path(path)
+        out[path] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "missing"
+    return out

@@ -15,10 +15,13 @@ from pipeline.delegate import blob
 from pipeline.engine import quantize
 from pipeline.engine.builder import build_engine, profile_count
 from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.converters.tensor_copy import register_dim_order_ops
 from pipeline.engine.network import graph_source
 from pipeline.errors import BlobFormatError
 from pipeline.executorch_api import NamedDataStore
 from pipeline.runtime.engine_op import is_engine_call
+
+register_dim_order_ops()  # Edge programs hold ExecuTorch's dim-order copies, loaded with it above
 
 
 @final

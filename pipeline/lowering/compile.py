@@ -20,7 +20,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from pipeline.delegate import blob  # noqa: F401  (engine_op registers torch.ops.tensorrt.execute_engine)
+from pipeline.delegate import blob
 from pipeline.delegate.input_values import set_input_values, value_bounds
 from pipeline.engine import calibration, quantize
 from pipeline.engine.builder import build_engine, profile_count
@@ -32,7 +32,8 @@ from pipeline.lowering.complex_pairs import complex_as_pairs
 from pipeline.lowering.constant_fold import ENGINE_COMPUTES, attr, content_digest, fold_constants, written_buffers
 from pipeline.lowering.fused_attention import fuse_attention
 from pipeline.lowering.grouped_query import share_kv_heads
-from pipeline.lowering.partitioner import RECORD_KEY, is_operator, mark_refused, preserved_ops, propose, symbol_ranges
+from pipeline.lowering.partitioning import RECORD_KEY, is_operator, mark_refused, preserved_ops, propose, symbol_ranges
+from pipeline.runtime import engine_op  # noqa: F401  (registers torch.ops.tensorrt.execute_engine)
 
 log = logging.getLogger("pipeline.lowering.compile")
 
@@ -158,7 +159,8 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
         log.warning("method %r: int8 weights make the file small, but TensorRT-RTX dequantizes them in kernels of their "
                     "own: slower and larger in device memory than fp16 (docs/quantization.md); int4_weight_only is not",
                     method)
-    engines = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
+    engines, plans = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
+    quantize.say_what_was_quantized(spec.quantize, plans, method)
     drop_metadata_asserts(gm)  # numbers an engine now computes inside, which only assertions read outside
     gm.graph.eliminate_dead_code()
     gm.recompile()
@@ -255,9 +257,10 @@ def _flat_dims(program: ExportedProgram) -> tuple[dict[int, Any], ...] | None:
 
 
 def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: TensorRTCompileSpec, method: str,
-                        cache: EngineCache | None, state: frozenset[str]) -> int:
+                        cache: EngineCache | None, state: frozenset[str]) -> tuple[int, list[quantize.QuantizationPlan]]:
     """Each claimable block becomes one engine call; the buffers in `state` (those the program
-    writes) reach engines as inputs at run time, the other buffers and weights are built in."""
+    writes) reach engines as inputs at run time, the other buffers and weights are built in. Returns
+    the number of engines and what each quantizes."""
     blocks, refused = propose(gm, spec)
     if _constant_work_left(gm, blocks, state):
         fold_constants(gm, state, computes=())
@@ -266,14 +269,13 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
     fused = fuse_by_partitions(gm, [dict.fromkeys(block) for block in blocks], prefix="fused_")
     calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
     channels_last = _between_engines(fused, calls)
-    for count, node in enumerate(calls):  # the label is the progress line: "engine 3/12 of method ..."
-        _replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}", cache,
-                             state, channels_last[node])
-    count = len(calls)
+    plans = [_replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}",
+                                  cache, state, channels_last[node])
+             for count, node in enumerate(calls)]  # the label is the progress line: "engine 3/12 of method ..."
     fused.graph.eliminate_dead_code()
     fused.delete_all_unused_submodules()
     fused.recompile()
-    return count
+    return len(calls), plans
 
 
 def _between_engines(gm: torch.fx.GraphModule, calls: list[torch.fx.Node]) -> dict[torch.fx.Node, frozenset[str]]:
@@ -314,7 +316,7 @@ def _constant_work_left(gm: torch.fx.GraphModule, blocks: list[list[torch.fx.Nod
 
 def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],
                          spec: TensorRTCompileSpec, label: str, cache: EngineCache | None, state: frozenset[str],
-                         channels_last: frozenset[str]) -> None:
+                         channels_last: frozenset[str]) -> quantize.QuantizationPlan:
     sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
     for ph, arg in zip([n for n in sub.graph.nodes if n.op == "placeholder"], call.args):
         assert isinstance(arg, torch.fx.Node)
@@ -339,8 +341,9 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
     outputs = _outputs(sub)
     shapes = [[_dim_expr(d, inputs) for d in o.meta["val"].shape] for o in outputs]
     # Only what the build determines: timings would make cached stage outputs differ run to run.
+    plan = quantize.plan(source, spec.quantize)
     stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine),
-             "profiles": profile_count(built.metadata, spec), "quantized": quantize.plan(source, spec.quantize).summary()}
+             "profiles": profile_count(built.metadata, spec), "quantized": plan.summary()}
     metadata = blob.encode_op_metadata(built.metadata, shapes, stats)
     engine = torch.frombuffer(bytearray(built.engine), dtype=torch.uint8)
     name = f"_tensorrt_engine_{content_digest(engine)}"  # by content, as every constant the compile step makes
@@ -351,6 +354,7 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
         result.meta["val"] = [o.meta["val"] for o in outputs]
         result.meta["custom"] = {RECORD_KEY: {"claimed": [n.name for n in sub.graph.nodes if is_operator(n)]}}
     _rewire(gm, call, result, sub)
+    return plan
 
 
 def _sizes_inside(sub: torch.fx.GraphModule, call: torch.fx.Node) -> None:

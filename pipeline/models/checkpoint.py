@@ -1,28 +1,13 @@
 """Trained weights from files (`model.weights`): what a checkpoint path names, reading it without
 running code, and loading it strictly into the module a config builds.
 
-A path names one of:
-- a safetensors file (`*.safetensors`);
-- a sharded safetensors checkpoint: its index (`*.safetensors.index.json`, `weight_map`: key ->
-  shard file in the index's folder);
-- a PyTorch checkpoint (`*.pt`, `*.pth`, `*.bin`, `*.ckpt`), read with `torch.load(weights_only=True)`
-  (tensors and plain containers only: a file that would need code to unpickle is refused); a state
-  dict, or a dict holding one under `state_dict` (timm's and Lightning's checkpoints), `model` or
-  `module`;
-- a Hugging Face model folder (`config.json` beside its safetensors, single or sharded), which also
-  says what to build (`pipeline.models.hf`).
-
-Every file is a regular file (a symbolic link is refused: what it points to can change under a cached
-build), and a shard inside its index's folder. The digest of each (`digests`) goes into the program
-and its manifest. Loading is strict (`load_strictly`): every key of the module's state dict set once,
-no key left over, shapes and dtypes equal; a key the file lacks is an error unless the module ties
+What a path names and which files it reads: `weight_files.py`. Loading is strict (`load_strictly`):
+every key of the module's state dict set once, no key left over, shapes and dtypes equal; a key the file lacks is an error unless the module ties
 it to one the file sets (a language model's output head and its embedding).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,88 +16,11 @@ from typing import Any
 import torch
 
 from pipeline.errors import ConfigError
+from pipeline.models.weight_files import HF_CONFIG, INDEX, SAFETENSORS, weight_files
 
-SAFETENSORS = ".safetensors"
-INDEX = ".safetensors.index.json"
-PICKLED = (".pt", ".pth", ".bin", ".ckpt")
-HF_CONFIG = "config.json"
 # Dicts that hold a state dict in the checkpoints of timm, Lightning and common training scripts.
 _NESTED = ("state_dict", "model", "module")
 _SHOWN = 3  # keys named in an error line
-
-
-def is_model_folder(path: str | Path) -> bool:
-    """Whether `path` is a Hugging Face model folder (a `config.json` in it)."""
-    return Path(path).is_dir() and (Path(path) / HF_CONFIG).is_file()
-
-
-def weight_files(path: str | Path) -> list[Path]:
-    """The files a checkpoint path reads, in order: the file itself, an index and its shards, or a
-    model folder's `config.json` and weights (its tokenizer files are read by `tokenizer.py`).
-
-    Raises:
-        ConfigError: the path is missing, a link, of no known format, or an index names a file
-            outside its folder or a shard that is not there.
-    """
-    where = Path(path)
-    _regular(where, "model.weights")
-    if where.is_dir():
-        if not is_model_folder(where):
-            raise ConfigError(f"model.weights = {str(path)!r} is a folder without {HF_CONFIG}; name a weight file "
-                              f"(*{SAFETENSORS}, *{INDEX}, {', '.join('*' + s for s in PICKLED)}) or a Hugging Face model folder")
-        inside = [where / n for n in ("model" + INDEX, "model" + SAFETENSORS) if (where / n).exists()]
-        if not inside:
-            raise ConfigError(f"model folder {str(path)!r} has no model{SAFETENSORS} or model{INDEX}; save it with "
-                              "transformers' save_pretrained (safetensors; pickled pytorch_model.bin is not read)")
-        return [where / HF_CONFIG, *weight_files(inside[0])]
-    name = where.name.lower()
-    if name.endswith(INDEX):
-        return [where, *_shards(where)]
-    if name.endswith(SAFETENSORS) or name.endswith(PICKLED):
-        return [where]
-    raise ConfigError(f"model.weights = {str(path)!r} is not a weight file this pipeline reads: name a *{SAFETENSORS}, a "
-                      f"*{INDEX}, a PyTorch checkpoint ({', '.join('*' + s for s in PICKLED)}) or a Hugging Face model folder")
-
-
-def _regular(path: Path, what: str) -> None:
-    if path.is_symlink():
-        raise ConfigError(f"{what} = {str(path)!r} is a symbolic link; name the file itself (a link can point elsewhere "
-                          "after the build; with DVC, use a copy or reflink cache: `dvc config cache.type reflink,copy`)")
-    if not path.exists():
-        raise ConfigError(f"{what} = {str(path)!r} does not exist; name a weight file or model folder (paths are relative "
-                          "to the directory the build runs in)")
-
-
-def _shards(index: Path) -> list[Path]:
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        names = sorted(set(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{index} is not a safetensors index (JSON with a 'weight_map' of key -> shard file): "
-                          f"{type(exc).__name__}: {exc}; write it with transformers' save_pretrained") from exc
-    folder = index.parent.resolve()
-    out = []
-    for name in names:
-        shard = index.parent / str(name)
-        if Path(str(name)).is_absolute() or ".." in Path(str(name)).parts or shard.resolve().parent != folder:
-            raise ConfigError(f"{index} names shard {name!r}, which is not a file in the index's own folder; an index "
-                              "names its shards by file name only")
-        _regular(shard, f"the shard {index.name} names")
-        out.append(shard)
-    return out
-
-
-def digests(path: str | Path) -> list[dict[str, Any]]:
-    """File name (relative to the path's folder), bytes and SHA-256 of every file `path` reads."""
-    base = Path(path) if Path(path).is_dir() else Path(path).parent
-    out = []
-    for file in weight_files(path):
-        digest = hashlib.sha256()
-        with open(file, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                digest.update(chunk)
-        out.append({"file": file.relative_to(base).as_posix(), "bytes": file.stat().st_size, "sha256": digest.hexdigest()})
-    return out
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

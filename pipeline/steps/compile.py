@@ -15,7 +15,7 @@ from pipeline.engine.support import check_executed_ops
 from pipeline.errors import ConfigError, ExportError
 from pipeline.files import atomic_dir
 from pipeline.lowering.compile import compile_program, export_method, written_state
-from pipeline.models import checkpoint
+from pipeline.models import weight_files
 from pipeline.steps.intermediates import save_constants, save_exported
 from pipeline.steps.progress import step
 
@@ -54,8 +54,8 @@ def run_compile(cfg: PipelineConfig, out_dir: str | Path, weights: list[dict[str
 
 
 def weight_digests(cfg: PipelineConfig) -> list[dict[str, Any]] | None:
-    """The digests of the files `model.weights` names (`checkpoint.digests`), None without any."""
-    return checkpoint.digests(cfg.model.weights) if cfg.model.weights else None
+    """The digests of the files `model.weights` names (`weight_files.digests`), None without any."""
+    return weight_files.digests(cfg.model.weights) if cfg.model.weights else None
 
 
 def _compile_methods(cfg: PipelineConfig, model: Any, out_dir: str | Path, cache: EngineCache,

@@ -15,17 +15,18 @@ import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from executorch.exir import EdgeCompileConfig, EdgeProgramManager
 from torch.export import ExportedProgram
 
 from pipeline.delegate import record
 from pipeline.delegate.input_values import Bounds, input_values, set_input_values
 from pipeline.errors import ArtifactError
-from pipeline.executorch_api import constant_methods
 from pipeline.files import write_json
+
+if TYPE_CHECKING:  # ExecuTorch loads in the stages that read or write Edge programs only
+    from executorch.exir import EdgeProgramManager
 
 # The constant methods a program carries, {name: value}, beside a step's per-method files.
 CONSTANTS = "constants.json"
@@ -74,6 +75,8 @@ def save_edge(manager: EdgeProgramManager, methods: list[str], out_dir: Path) ->
     large payloads of its lowered modules (engines) go to `DATA` by content, once for all methods."""
     from executorch.exir.serde.serialize import save
 
+    from pipeline.executorch_api import constant_methods
+
     save_constants(constant_methods(manager), out_dir)
     for m in methods:
         program = manager.exported_program(m)
@@ -93,6 +96,7 @@ def load_edge(methods: list[str], in_dir: str | Path) -> EdgeProgramManager:
     Raises:
         ArtifactError: a file is unreadable, or a payload is missing or not what its name says.
     """
+    from executorch.exir import EdgeCompileConfig, EdgeProgramManager
     from executorch.exir.serde.serialize import load
 
     import pipeline.lowering.backend  # noqa: F401  (delegates deserialize by backend id)

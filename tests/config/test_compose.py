@@ -104,8 +104,6 @@ def test_bad_compile_values_fail_at_composition() -> None:
 def test_experiments_keep_composed_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     main(["compile.precision=fp16"])
-    check_experiment()  # not inside `dvc exp run`: nothing to check
-    monkeypatch.setenv("DVC_EXP_NAME", "exp-1")
     write_params(compose(["compile.precision=fp16", "compile.optimization_level=2"]))  # what `-S` both gave
     check_experiment()
     write_params(compose(["compile.optimization_level=2"]))  # what `dvc exp run -S` alone composes
@@ -113,3 +111,58 @@ def test_experiments_keep_composed_overrides(tmp_path: Path, monkeypatch: pytest
         check_experiment()
     main([])
     check_experiment()  # composed defaults: nothing to keep
+
+
+def _refused(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def test_compose_refuses_files_a_build_could_not_read_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """What `python -m pipeline` refuses before it runs, compose refuses before it writes params.yaml
+    (the same line): a missing weight file, a folder that is no model folder, a pipe, a missing
+    calibration file; a build target's weights too."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "pipe.safetensors")
+    (tmp_path / "calibration.pt").mkdir()
+    for args, words in [
+        (["model.weights=missing.safetensors"], "model.weights = 'missing.safetensors' does not exist"),
+        (["model.weights=folder"], "model.weights = 'folder' is a folder without config.json"),
+        (["model.weights=pipe.safetensors"], "is not a regular file (a pipe, socket or device)"),
+        (["compile.quantize.mode=fp8", "compile.quantize.calibration=none.pt"],
+         "compile.quantize.calibration = 'none.pt' does not exist"),
+        (["compile.quantize.mode=fp8", "compile.quantize.calibration=calibration.pt"],
+         "compile.quantize.calibration = 'calibration.pt' is not a regular file"),
+        (["+model@targets.t.model=mlp", "+compile@targets.t.compile=fp16", "targets.t.model.weights=gone.pt"],
+         "model.weights = 'gone.pt' does not exist"),
+    ]:
+        assert words in _refused(args, capsys)
+        assert not (tmp_path / "params.yaml").exists()
+
+
+def test_a_config_option_that_does_not_exist_is_one_line_naming_those_that_do(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _refused(["model=resnet_18"], capsys)
+    assert "model=resnet_18: conf/model/ has no resnet_18.yaml; use one of " in err
+    assert "resnet18" in err and "schema" not in err and "search path" not in err.lower()
+
+
+def test_an_experiment_checks_the_params_it_runs_not_an_earlier_compose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier compose's overrides are composed only (never validated or imported: a model whose
+    module was trusted then need not be now), and the params.yaml the experiment runs is validated."""
+    monkeypatch.chdir(tmp_path)
+    write_params(compose([]))
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "composed.json").write_text('{"overrides": ["compile.precision=int4"]}')
+    with pytest.raises(ConfigError, match=r"dropping what .* set \(compile.precision\)"):
+        check_experiment()
+    write_params(compose(["compile.precision=int4"], checked=False))  # what `dvc exp run -S` composed unchecked
+    with pytest.raises(ConfigError, match="compile: precision='int4' is not supported"):
+        check_experiment()

@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 from pipeline.config import objects
 from pipeline.config.compose import compose, typed
 from pipeline.errors import ConfigError
-from pipeline.models.checkpoint import digests
 from pipeline.models.mlp import MLP
+from pipeline.models.weight_files import digests
 from tests.helpers import GPU
 
 ROOT = Path(__file__).resolve().parents[2]

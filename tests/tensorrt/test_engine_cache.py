@@ -15,6 +15,7 @@ from pipeline.delegate import blob
 from pipeline.engine.cache import EngineCache, Entry
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.engine.network import graph_source
+from pipeline.errors import ConfigError
 from pipeline.lowering.compile import compile_method
 from pipeline.runtime.engine_op import is_engine_call
 from pipeline.steps import run_compile
@@ -233,6 +234,17 @@ def test_a_secret_authenticates_entries_of_a_shared_cache(tmp_path: Path, monkey
     assert cache.get("9" * 64) is None  # another secret's entry
     monkeypatch.delenv("PIPELINE_ENGINE_CACHE_KEY")
     assert cache.get(key).engine == evil  # type: ignore[union-attr]  # without a secret: integrity only (documented)
+
+
+@pytest.mark.parametrize("secret", ["", "  "])
+def test_an_empty_secret_is_refused_not_taken_as_none(secret: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secret set to nothing would turn authentication off without a word, and a forged entry be used."""
+    key = "e" * 64
+    EngineCache(str(tmp_path)).put(key, _entry(4096, 7))
+    _forge(tmp_path / f"{key}.engine", b"\x00" * 4096)
+    monkeypatch.setenv("PIPELINE_ENGINE_CACHE_KEY", secret)
+    with pytest.raises(ConfigError, match=r"PIPELINE_ENGINE_CACHE_KEY is set but empty.*unset it"):
+        EngineCache(str(tmp_path))
 
 
 def test_a_cache_that_cannot_be_written_never_fails_a_build(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_which_ops_stay_whole_is_a_fact_of_their_converter_record() -> None:
     from executorch.exir.tracer import _default_decomposition_table
 
     from pipeline.engine.converters.registry import lookup
-    from pipeline.lowering.partitioner import preserved_ops
+    from pipeline.lowering.partitioning import preserved_ops
 
     aten = torch.ops.aten
     kept = set(preserved_ops(_default_decomposition_table()))

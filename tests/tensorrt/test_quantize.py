@@ -1,6 +1,8 @@
 """compile.quantize: engines store int4, int8 or fp8 weights (their size, on the CPU), compute what the
 rounded weights give (on a GPU), keep in float what they cannot quantize, and bad options are one line."""
 
+import re
+
 import pytest
 import torch
 
@@ -90,3 +92,19 @@ def test_bad_quantize_options_are_one_line(options: dict, words: str) -> None:
 def test_keep_patterns_match_a_name_whole_or_from_a_dot_on(pattern: str, kept: bool) -> None:
     spec = QuantizeSpec(mode="int8_weight_only", keep=[pattern])
     assert quantize.kept("model.model.lm_head.weight", spec) is kept
+
+
+@pytest.mark.parametrize("features, said", [
+    (64, r"int4_weight_only quantized 0 of 1 weight\(s\), so the program is barely smaller .* input dim \(64\) is not a "
+         r"multiple of quantize.group_size \(128\)"),
+    (256, r"int4_weight_only quantized 1 of 1 weight\(s\)$"),
+])
+def test_the_console_says_how_many_weights_a_mode_quantized(features: int, said: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A mode that quantizes (almost) nothing says so where the user looks, not only in report.json."""
+    from pipeline.lowering.compile import compile_method
+
+    torch.manual_seed(0)
+    spec = TensorRTCompileSpec(precision="fp16", quantize={"mode": "int4_weight_only"})
+    with caplog.at_level("INFO", logger="pipeline"):
+        compile_method(torch.nn.Linear(features, 32).eval(), [torch.randn(2, features)], spec)
+    assert any(re.search(said, r.getMessage()) for r in caplog.records), [r.getMessage() for r in caplog.records]

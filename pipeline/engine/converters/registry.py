@@ -66,6 +66,11 @@ def converter(*ops: Key, validator: Validator | None = None, decomposes: bool = 
     return register
 
 
+def registered(op: Key) -> bool:
+    """Whether `op` has a converter yet (families load on first `lookup`; this loads none)."""
+    return op in _REGISTRY
+
+
 def aten_op(target: Any) -> Any:
     """The ATen overload behind a graph target (Edge ops wrap one), or the target itself."""
     if isinstance(target, OpOverload):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from pipeline.engine.context import ConversionContext
 from pipeline.engine.converters import _validators as v
 from pipeline.engine.converters._layers import broadcast, unsqueeze_to
-from pipeline.engine.converters.registry import converter
+from pipeline.engine.converters.registry import converter, registered
 
 aten = torch.ops.aten
 Node = torch.fx.Node
@@ -38,20 +39,11 @@ def _contiguous_cast(node: Node, spec: Any) -> str | None:
     return None
 
 
-def _dim_order_op(name: str) -> list[Any]:
-    # ExecuTorch's dim-order ops exist once executorch.exir is imported; torch alone lacks them.
-    import executorch.exir.dialects.edge  # noqa: F401
-
-    ops = getattr(torch.ops, "dim_order_ops", None)
-    return [getattr(ops, name).default] if ops is not None and hasattr(ops, name) else []
-
-
-@converter(*_dim_order_op("_clone_dim_order"), validator=_contiguous_cast, decomposes=True)
 def clone_dim_order(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args[0]
 
 
-@converter(aten._to_copy.default, *_dim_order_op("_to_dim_order_copy"), validator=_contiguous_cast, decomposes=True)
+@converter(aten._to_copy.default, validator=_contiguous_cast, decomposes=True)
 def to_copy(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return ctx.cast(args[0], ctx.node_dtype(node))
 
@@ -62,3 +54,18 @@ def copy(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict
     x, src = args[0], args[1]
     src = unsqueeze_to(ctx, ctx.tensor(src, like=x, dtype=ctx.node_dtype(node)), len(x.shape))
     return broadcast(ctx, src, ctx.dims(x))
+
+
+def register_dim_order_ops() -> None:
+    """Give ExecuTorch's dim-order copies (what Edge programs hold where ATen has `_to_copy` and `clone`)
+    their converters. Their ops exist only once ExecuTorch is loaded, so the Edge side (`lowering.backend`)
+    calls this; the compile step, whose graphs are ATen, never loads ExecuTorch. Idempotent."""
+    ops = getattr(torch.ops, "dim_order_ops", None)
+    for name, fn in (("_clone_dim_order", clone_dim_order), ("_to_dim_order_copy", to_copy)):
+        op = getattr(ops, name).default if ops is not None and hasattr(ops, name) else None
+        if op is not None and not registered(op):
+            converter(op, validator=_contiguous_cast, decomposes=True)(fn)
+
+
+if "executorch.exir" in sys.modules:  # loaded already: register now, as a plain import of this module would
+    register_dim_order_ops()
