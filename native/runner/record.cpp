@@ -70,13 +70,16 @@ bool parse_record(const std::string& text, std::map<std::string, std::vector<Spe
       Spec s;
       if (j.kind == Json::kObject) {
         const Json* dtype = j.get("dtype");
-        s.present = dtype != nullptr && dtype->kind == Json::kString && ints(j.get("min"), s.min) &&
-                    ints(j.get("max"), s.max, s.min.size());
+        // What TensorSpec.from_json takes: a contract dtype, bounds of one rank with 0 <= min <= max.
+        s.present = dtype != nullptr && dtype->kind == Json::kString && pipeline_trt::dtype_size(dtype->text) > 0 &&
+                    ints(j.get("min"), s.min) && ints(j.get("max"), s.max) && s.min.size() == s.max.size();
+        for (size_t d = 0; s.present && d < s.min.size(); ++d) s.present = 0 <= s.min[d] && s.min[d] <= s.max[d];
         if (!s.present) return error = "the program record has a malformed input spec for '" + method + "'", false;
         s.dtype = dtype->text;
         std::vector<int64_t> v;
         if (j.get("values")) {
           if (!ints(j.get("values"), v, 2)) return error = "malformed value bounds in the program record", false;
+          if (v[0] > v[1]) return error = "malformed value bounds in the program record", false;
           s.has_values = true, s.low = v[0], s.high = v[1];
         }
         if (j.get("end")) {
@@ -128,7 +131,7 @@ bool check_inputs(const std::string& method, const std::vector<Spec>& specs, con
       int64_t span = 1;
       if (s.other >= 0 && size_t(s.other) < inputs.size() && s.dim >= 0 && size_t(s.dim) < inputs[s.other].shape.size())
         span = inputs[s.other].shape[s.dim];
-      hi = std::min(hi, s.limit - span);
+      hi = std::min(hi, s.limit < INT64_MIN + span ? INT64_MIN : s.limit - span);  // span >= 0: no overflow
       span_text = " with " + std::to_string(span) + " positions from it (input " + std::to_string(s.other) + " dim " +
                   std::to_string(s.dim) + ")";
     }

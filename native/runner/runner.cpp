@@ -87,6 +87,8 @@ std::string why(et::Error e) {
 class Runner {
  public:
   Runner(const std::string& pte, const std::optional<std::string>& ptd) : where_(pte) {
+    std::string error;
+    if (!pipeline_runner::regular_file(pte, error) || (ptd && !pipeline_runner::regular_file(*ptd, error))) refuse(error);
     auto loader = MmapDataLoader::from(pte.c_str());
     if (!loader.ok()) refuse(pte + ": cannot open it (error " + hex(loader.error()) + ")");
     pte_loader_.emplace(std::move(loader.get()));
@@ -180,6 +182,17 @@ class Runner {
     }
     et::Error e = m.execute();
     if (e != et::Error::Ok) refuse("method '" + name + "' failed: " + why(e));
+  }
+
+  // The most bytes input `i` of `name` can hold (the .npy header's room included): no input file
+  // larger is read.
+  uint64_t input_limit(const std::string& name, size_t i) {
+    auto meta = program_->method_meta(name.c_str());
+    if (!meta.ok()) refuse(where_ + " has no method '" + name + "'");
+    if (i >= meta->num_inputs())
+      refuse("method '" + name + "' takes " + std::to_string(meta->num_inputs()) + " inputs, got more");
+    auto tensor = meta->input_tensor_meta(i);
+    return tensor.ok() ? tensor->nbytes() + (1 << 16) + 12 : 0;
   }
 
   int64_t constant_int(const std::string& name) {
@@ -321,7 +334,7 @@ int run(Runner& runner, const Args& a) {
   std::vector<Array> inputs(a.inputs.size());
   std::string error;
   for (size_t i = 0; i < a.inputs.size(); ++i)
-    if (!pipeline_runner::read_npy(a.inputs[i], inputs[i], error)) refuse(error);
+    if (!pipeline_runner::read_npy(a.inputs[i], inputs[i], error, runner.input_limit(a.method, i))) refuse(error);
   std::vector<Array> outs = runner.call(a.method, inputs);
   for (size_t i = 0; i < outs.size(); ++i) {
     std::string path = a.output_dir + "/output_" + std::to_string(i) + ".npy";

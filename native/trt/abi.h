@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace pipeline_trt {
 namespace abi {
@@ -90,6 +91,29 @@ using CreateRuntimeFn = void* (*)(void* logger, int32_t version);
 using LibVersionFn = int32_t (*)();
 constexpr const char* kCreateRuntimeSymbol = "createInferRuntime_INTERNAL";
 constexpr const char* kLibVersionSymbol = "getInferLibVersion";
+
+// The library versions (getInferLibVersion: major * 10000 + minor * 100 + patch) whose slots
+// tests/native/test_trt_abi.py verified against NVIDIA's bindings: TensorRT-RTX 1.6. A library of
+// any other version is refused before a slot is called; adding one here takes that test run on it.
+struct VersionRange {
+  const char* name;
+  int32_t first, last;
+};
+constexpr VersionRange kVerified[] = {{"TensorRT-RTX 1.6", 10600, 10699}};
+
+inline bool verified(int32_t version) {
+  for (const auto& r : kVerified)
+    if (version >= r.first && version <= r.last) return true;
+  return false;
+}
+inline std::string version_text(int32_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+inline std::string verified_text() {
+  std::string out;
+  for (const auto& r : kVerified) out += (out.empty() ? "" : ", ") + std::string(r.name);
+  return out;
+}
 
 // ---- calls ---------------------------------------------------------------------------------------
 // A wrapper object: its own table (destructors at 0 and 1), then the implementation pointer.

@@ -166,7 +166,6 @@ struct Delegate {
   std::vector<std::shared_ptr<State>> state;  // per input: its device copy while it is state
   std::vector<void*> bound;                   // per binding (inputs, then outputs): the address last set
   CallGraph graph;                            // Graphs::kCall: the engine call as a CUDA graph
-  std::mutex mutex;
 
   ~Delegate() {
     graph.drop();
@@ -327,12 +326,16 @@ Error launch(Delegate& d, const cuda::Driver* drv, cuda::Stream stream) {
       if (!replay) ET_LOG(Info, "%s: its TensorRT call cannot be captured as a CUDA graph; it runs uncaptured", d.where.c_str());
       if (replay) d.graph.captured = now;
     }
-    d.graph.last = std::move(now);
     if (replay) {
       cuda::Status s = drv->graph_launch(d.graph.exec, stream);
       if (s != 0) return refuse(Error::Internal, d.where + ": " + cuda::describe("cuGraphLaunch", s));
+      d.graph.last = std::move(now);
       return Error::Ok;
     }
+    if (!enqueue(d.context, stream))
+      return refuse(Error::Internal, d.where + ": TensorRT failed to run the engine (" + last_tensorrt_error() + ")");
+    d.graph.last = std::move(now);  // a call that ran: the next one repeating it is captured
+    return Error::Ok;
   }
   if (!enqueue(d.context, stream))
     return refuse(Error::Internal, d.where + ": TensorRT failed to run the engine (" + last_tensorrt_error() + ")");
@@ -363,10 +366,13 @@ Error run(Delegate& d, Span<EValue*> args) {
     shapes[k].assign(t.sizes().begin(), t.sizes().end());
   }
   if (Error e = select_profile(d, shapes, stream); e != Error::Ok) return e;
-  bool reshaped = d.out_shapes.empty();
+  bool reshaped = d.out_shapes.empty() || shapes != d.shapes;
+  // The outputs' shapes are forgotten until every input shape is set and they are asked again: a
+  // call refused half way leaves nothing a later call could take for its own.
+  if (reshaped) d.out_shapes.clear();
   for (size_t k = 0; k < n_in; ++k) {
     if (shapes[k] == d.shapes[k]) continue;
-    reshaped = true;
+    d.shapes[k].clear();  // unknown until TensorRT takes the new one
     if (!set_input_shape(d.context, d.inputs[k]->name, shapes[k]))
       return refuse(Error::InvalidArgument, d.where + ": input '" + d.inputs[k]->name + "' has shape " +
                                                 shape_text(shapes[k]) + ", which the engine's optimization profile " +
@@ -412,8 +418,18 @@ Error run(Delegate& d, Span<EValue*> args) {
     if (Error e = bind(d, k, d.inputs[k]->name, in_addr[k]); e != Error::Ok) return e;
   }
   if (reshaped) {  // the outputs' shapes follow the inputs': asked of TensorRT only when those change
-    d.out_shapes.clear();
-    for (const Binding* b : d.outputs) d.out_shapes.push_back(context_shape(d.context, b->name));
+    std::vector<std::vector<int64_t>> asked;
+    for (const Binding* b : d.outputs) {
+      asked.push_back(context_shape(d.context, b->name));
+      const auto& shape = asked.back();
+      bool known = shape.size() == b->shape.size();
+      for (size_t i = 0; known && i < shape.size(); ++i) known = shape[i] >= 0 && (b->shape[i] < 0 || shape[i] == b->shape[i]);
+      if (!known)
+        return refuse(Error::InvalidProgram, d.where + ": TensorRT gives output '" + b->name + "' the shape " +
+                                                 shape_text(shape) + ", which its binding " + shape_text(b->shape) +
+                                                 " does not allow; rebuild the program");
+    }
+    d.out_shapes = std::move(asked);
   }
   std::vector<void*> out_addr(n_out);
   for (size_t o = 0; o < n_out; ++o) {
@@ -422,6 +438,11 @@ Error run(Delegate& d, Span<EValue*> args) {
     std::vector<executorch::aten::SizesType> sizes(shape.begin(), shape.end());
     if (!std::equal(sizes.begin(), sizes.end(), t.sizes().begin(), t.sizes().end()) &&
         et::resize_tensor(t, ArrayRef<executorch::aten::SizesType>(sizes.data(), sizes.size())) != Error::Ok)
+      return refuse(Error::InvalidProgram, d.where + ": output '" + d.outputs[o]->name + "' of shape " +
+                                               shape_text(shape) + " does not fit the program's tensor; rebuild it");
+    size_t elements = 1;
+    for (int64_t x : shape) elements *= static_cast<size_t>(x);
+    if (t.nbytes() != elements * dtype_size(d.outputs[o]->dtype))
       return refuse(Error::InvalidProgram, d.where + ": output '" + d.outputs[o]->name + "' of shape " +
                                                shape_text(shape) + " does not fit the program's tensor; rebuild it");
     int k = d.alias_of[o];
@@ -533,6 +554,8 @@ class TensorRTBackend final : public et::BackendInterface {
     processed->Free();
     d->info.inline_engine = nullptr;
     if (!d->engine) return refuse(Error::DelegateInvalidCompatibility, d->where + ": " + error);
+    if (!check_io(*d->engine, d->info.bindings, error))
+      return refuse(Error::InvalidProgram, d->where + ": " + error + "; rebuild the program");
     {
       std::lock_guard<std::mutex> lock(settings().mutex);
       d->options = settings().context;
@@ -545,10 +568,12 @@ class TensorRTBackend final : public et::BackendInterface {
     return reinterpret_cast<DelegateHandle*>(d.release());
   }
 
+  // Calls run one at a time in a process: every delegate shares one CUDA stream, and a call being
+  // captured as a graph must see no other call's work enqueued on it.
   Error execute(BackendExecutionContext&, DelegateHandle* handle, Span<EValue*> args) const override {
-    auto* d = reinterpret_cast<Delegate*>(handle);
-    std::lock_guard<std::mutex> lock(d->mutex);
-    return run(*d, args);
+    static std::mutex* calls = new std::mutex;
+    std::lock_guard<std::mutex> lock(*calls);
+    return run(*reinterpret_cast<Delegate*>(handle), args);
   }
 
   void destroy(DelegateHandle* handle) const override { delete reinterpret_cast<Delegate*>(handle); }

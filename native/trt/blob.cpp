@@ -30,22 +30,6 @@ bool fail(std::string& error, const std::string& why) {
   return false;
 }
 
-// A name from the blob, as a log line may show it: printable ASCII, others as \xNN, 64 at most.
-std::string shown(const std::string& text) {
-  std::string out;
-  for (size_t i = 0; i < text.size() && i < 64; ++i) {
-    unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out.push_back(char(c));
-    } else {
-      char hex[5];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    }
-  }
-  return text.size() > 64 ? out + "..." : out;
-}
-
 bool int_list(const Json* j, std::vector<int64_t>& out) {
   if (j == nullptr || j->kind != Json::kArray) return false;
   for (const auto& item : j->items) {
@@ -139,6 +123,22 @@ uint32_t u32(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | u
 uint64_t u64(const uint8_t* p) { return uint64_t(u32(p)) | uint64_t(u32(p + 4)) << 32; }
 
 }  // namespace
+
+// Untrusted text as a log line may show it: printable ASCII, others as \xNN, 64 at most.
+std::string shown(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < 64; ++i) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(char(c));
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return text.size() > 64 ? out + "..." : out;
+}
 
 size_t dtype_size(const std::string& name) {
   for (const auto& d : kDTypes)

@@ -34,6 +34,10 @@ struct BlobInfo {
 // checked against its digest here; a named one when it is fetched.
 bool decode_blob(const uint8_t* data, size_t size, BlobInfo& out, std::string& error);
 
+// Untrusted text (a name from a blob or file) as one log line may show it: printable ASCII, others
+// as \xNN, 64 characters at most.
+std::string shown(const std::string& text);
+
 // The element size of a dtype name of the blob contract (0: not one).
 size_t dtype_size(const std::string& name);
 // Its ExecuTorch ScalarType number (-1: not one).

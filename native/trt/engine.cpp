@@ -11,7 +11,8 @@ namespace pipeline_trt {
 namespace {
 
 // TensorRT-RTX first (it builds the engines this project makes on any machine), then standard
-// TensorRT 11, whose interface has the same layout. TensorRT 10's does not.
+// TensorRT 11, whose interface is laid out alike (TensorRT 10's is not). Either loads only in a
+// version abi.h's allowlist names (the ones the ABI test verified).
 const char* const kLibraries[] = {"libtensorrt_rtx.so.1", "libnvinfer.so.11"};
 
 class Log final : public abi::Logger {
@@ -73,14 +74,14 @@ bool open_runtime(Library& lib, std::string& error) {
     return false;
   }
   const int32_t v = version();
-  if (v >= 100000 && v < 110000) {
-    error = lib.path + " is TensorRT " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) +
-            ", whose C++ interface is laid out differently; use TensorRT-RTX 1.6 or TensorRT 11";
+  if (!abi::verified(v)) {
+    error = lib.path + " is version " + abi::version_text(v) + ", whose C++ interface the delegate's declarations were "
+            "not verified against (" + abi::verified_text() + " were): install one of those";
     return false;
   }
   lib.runtime = create(&logger(), v);
   if (lib.runtime == nullptr) {
-    error = lib.path + " made no TensorRT runtime (" + logger().last + ")";
+    error = lib.path + " made no TensorRT runtime (" + last_tensorrt_error() + ")";
     return false;
   }
   return true;
@@ -127,11 +128,14 @@ std::shared_ptr<Engine> load_engine(const std::string& digest, const void* data,
   std::lock_guard<std::mutex> lock(lib.mutex);
   if (auto found = lib.engines[digest].lock()) return found;
   if (!open_runtime(lib, error)) return nullptr;
-  logger().last.clear();
+  {
+    std::lock_guard<std::mutex> lock(logger().mutex);
+    logger().last.clear();
+  }
   void* handle = abi::call<abi::runtime_slot::kDeserializeCudaEngine, void*>(lib.runtime, data, size);
   if (handle == nullptr) {
     error = "TensorRT (" + lib.path + ") could not deserialize engine " + digest.substr(0, 12) + " (" +
-            logger().last + "): it was built by another TensorRT version or for another GPU; rebuild the program "
+            last_tensorrt_error() + "): it was built by another TensorRT version or for another GPU; rebuild the program "
             "with this toolchain for this GPU";
     return nullptr;
   }
@@ -159,6 +163,51 @@ std::shared_ptr<Engine> load_engine(const std::string& digest, const void* data,
   }
   lib.engines[digest] = engine;
   return engine;
+}
+
+namespace {
+const char* io_dtype(abi::DataType t) {
+  switch (t) {
+    case abi::DataType::kFloat: return "float32";
+    case abi::DataType::kHalf: return "float16";
+    case abi::DataType::kBf16: return "bfloat16";
+    case abi::DataType::kInt8: return "int8";
+    case abi::DataType::kUInt8: return "uint8";
+    case abi::DataType::kInt32: return "int32";
+    case abi::DataType::kInt64: return "int64";
+    case abi::DataType::kBool: return "bool";
+    default: return "";  // fp8, int4: never an I/O tensor of ours
+  }
+}
+}  // namespace
+
+bool check_io(const Engine& engine, const std::vector<Binding>& bindings, std::string& error) {
+  void* handle = engine.handle();
+  const int32_t n = abi::call<abi::engine_slot::kNbIOTensors, int32_t>(handle);
+  if (n != static_cast<int32_t>(bindings.size()))
+    return error = "the engine has " + std::to_string(n) + " I/O tensors, its blob binds " +
+                   std::to_string(bindings.size()) + " (the blob's metadata is not this engine's)", false;
+  for (int32_t i = 0; i < n; ++i) {
+    const char* name = abi::call<abi::engine_slot::kIOTensorName, const char*>(handle, i);
+    const Binding* b = nullptr;
+    for (const auto& x : bindings)
+      if (name != nullptr && x.name == name) b = &x;
+    if (b == nullptr)
+      return error = "the engine's I/O tensor '" + std::string(name ? name : "?").substr(0, 64) +
+                     "' is not in its blob (the blob's metadata is not this engine's)", false;
+    const auto mode = abi::call<abi::engine_slot::kTensorIOMode, abi::IOMode>(handle, name);
+    const auto dtype = abi::call<abi::engine_slot::kTensorDataType, abi::DataType>(handle, name);
+    const abi::Dims dims = abi::call_dims<abi::engine_slot::kTensorShape>(handle, name);
+    bool same = mode == (b->is_input ? abi::IOMode::kInput : abi::IOMode::kOutput) && b->dtype == io_dtype(dtype) &&
+                dims.rank == static_cast<int32_t>(b->shape.size());
+    for (int d = 0; same && d < dims.rank && d < abi::kMaxDims; ++d)
+      same = dims.d[d] < 0 || dims.d[d] == b->shape[d];
+    if (!same)
+      return error = "the engine's I/O tensor '" + b->name + "' is not what its blob binds (input or output, dtype " +
+                     b->dtype + ", rank " + std::to_string(b->shape.size()) + ", static dims): the blob's metadata is "
+                     "not this engine's", false;
+  }
+  return true;
 }
 
 void set_library(const std::string& path) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "abi.h"
+#include "blob.h"
 
 namespace pipeline_trt {
 
@@ -51,6 +52,12 @@ class Engine {
 // (`inputs`: the input binding names, for its profiles); nullptr with `error` set.
 std::shared_ptr<Engine> load_engine(const std::string& digest, const void* data, size_t size,
                                     const std::vector<std::string>& inputs, std::string& error);
+
+// Whether the engine's own I/O tensors are the blob's bindings: the same names, each an input or an
+// output as bound, of the bound dtype and rank, with the bound extent wherever the engine's is
+// fixed. The blob's metadata is not covered by the engine's digest, so buffers are sized only from
+// metadata checked so; false with `error` naming the first difference.
+bool check_io(const Engine& engine, const std::vector<Binding>& bindings, std::string& error);
 
 // Use the TensorRT library at `path` instead of the default search (before the first engine).
 void set_library(const std::string& path);

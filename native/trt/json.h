@@ -146,11 +146,14 @@ class JsonParser {
     bool negative = p_ < end_ && *p_ == '-';
     if (negative) ++p_;
     const char* digits = p_;
+    // An integer that int64 cannot hold is no integer here (Python's reader refuses it too):
+    // the magnitude stops growing at the first digit that would pass INT64_MAX.
     uint64_t magnitude = 0;
     bool overflow = false;
     while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
-      if (magnitude > (uint64_t(1) << 62)) overflow = true;
-      magnitude = magnitude * 10 + uint64_t(*p_++ - '0');
+      const uint64_t digit = uint64_t(*p_++ - '0');
+      if (overflow || magnitude > (uint64_t(INT64_MAX) - digit) / 10) overflow = true;
+      else magnitude = magnitude * 10 + digit;
     }
     if (p_ == digits) return false;
     bool fraction = false;
@@ -173,7 +176,7 @@ class JsonParser {
       return true;
     }
     out.kind = Json::kInt;
-    out.integer = negative ? -int64_t(magnitude) : int64_t(magnitude);
+    out.integer = negative ? -int64_t(magnitude) : int64_t(magnitude);  // |magnitude| <= INT64_MAX: no overflow
     return true;
   }
 };

@@ -202,3 +202,44 @@ def test_validate_and_generate_run_either_runtime_and_say_which(mlp: dict[str, P
     assert printed[0].split() == done.stdout.splitlines()[0].split()
     assert printed[1].endswith("(executorch (TensorRTBackend, no engine loaded))")
 
+
+
+def test_the_runner_reads_only_regular_files_and_writes_only_its_own(counter: Path, tmp_path: Path) -> None:
+    """A pipe or device as an input or program is refused at once (no wait, no endless read), an
+    input larger than the program's largest is refused before it is read, and outputs never go
+    through a link or over a file the runner did not write (issue 56)."""
+    import os
+
+    np.save(tmp_path / "t.npy", np.array([[1, 2, 3]], dtype=np.int64))
+    np.save(tmp_path / "s.npy", np.array([0], dtype=np.int64))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for args in (("run", counter, "--method", "prefill", "--input", fifo, "--input", tmp_path / "s.npy"),
+                 ("run", counter, "--method", "prefill", "--input", "/dev/zero", "--input", tmp_path / "s.npy"),
+                 ("run", fifo, "--method", "prefill"), ("generate", counter, "--ptd", "/dev/zero", "--prompt", "1")):
+        line = refusal(run_runner(*args))
+        assert "not a regular file (a pipe, device or folder)" in line, line
+    big = tmp_path / "big.npy"
+    np.save(big, np.zeros((1, 3), dtype=np.int64))
+    with big.open("ab") as f:
+        f.truncate(1 << 20)  # a megabyte for an input of 24 bytes
+    line = refusal(run_runner("run", counter, "--method", "prefill", "--input", big, "--input", tmp_path / "s.npy"))
+    assert line.endswith("bytes, more than the 65572 the program's largest input can take; pass the input the program "
+                         "was built for"), line
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = tmp_path / "mine.txt"
+    mine.write_text("keep")
+    run = ("run", counter, "--method", "prefill", "--input", tmp_path / "t.npy", "--input", tmp_path / "s.npy",
+           "--output-dir", out)
+    (out / "output_0.npy.tmp").symlink_to(mine)  # the name the runner once wrote through
+    assert run_runner(*run).returncode == 0 and mine.read_text() == "keep"
+    assert run_runner(*run).returncode == 0  # its own output of the run before is replaced
+    (out / "output_0.npy").unlink()
+    (out / "output_0.npy").symlink_to(mine)
+    assert "is there and is not an earlier .npy output" in refusal(run_runner(*run))
+    (out / "output_0.npy").unlink()
+    (out / "output_0.npy").write_text("a user's notes")
+    assert "pass another --output-dir" in refusal(run_runner(*run))
+    assert mine.read_text() == "keep" and (out / "output_0.npy").read_text() == "a user's notes"
+    assert sorted(p.name for p in out.iterdir()) == ["output_0.npy", "output_0.npy.tmp"]  # no temporary left behind

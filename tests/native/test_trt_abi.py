@@ -99,6 +99,20 @@ def test_declarations_call_the_slots_of_nvidias_bindings(spy: Path) -> None:
     assert mine == nvidia
 
 
+def test_the_delegate_loads_only_verified_versions(spy: Path) -> None:
+    """The delegate's allowlist (abi.h's kVerified) holds the TensorRT-RTX version the test above
+    ran against, and nothing wider than one minor release: a library it was not checked on is
+    refused before a slot is called."""
+    import ctypes
+
+    libs = pytest.importorskip("tensorrt_rtx_libs")
+    version = ctypes.CDLL(str(Path(list(libs.__path__)[0]) / "libtensorrt_rtx.so.1")).getInferLibVersion()
+    ranges = [tuple(map(int, line.split())) for line in
+              subprocess.run([str(spy / "probe"), "--verified"], capture_output=True, text=True, check=True).stdout.splitlines()]
+    assert any(first <= version <= last for first, last in ranges), (version, ranges)
+    assert all(last - first < 100 and first // 100 == last // 100 for first, last in ranges)
+
+
 def test_a_moved_slot_is_seen(spy: Path) -> None:
     """The comparison has teeth: the spy tells slots apart, and the probe's log names every call."""
     ours = subprocess.run([str(spy / "probe")], env={**os.environ, "SPY_RETURN": RETURNS}, capture_output=True,
