@@ -1,6 +1,7 @@
-"""Writing outputs: every file and directory appears complete or not at all, gets the usual modes
-(umask applies), and a failed write names its path. Temporary names carry the writer's pid, so a
-later writer removes what a killed one left behind and nothing of a live one."""
+"""Reading inputs and writing outputs. A file the project reads from a user's path is a regular file
+of bounded size (`read_regular`). Every file and directory written appears complete or not at all,
+gets the usual modes (umask applies), and a failed write names its path. Temporary names carry the
+writer's pid, so a later writer removes what a killed one left behind and nothing of a live one."""
 
 from __future__ import annotations
 
@@ -8,13 +9,35 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import OutputError
+from pipeline.errors import ConfigError, OutputError
+
+
+def read_regular(path: str | Path, what: str, limit: int, error: type[Exception] = ConfigError) -> bytes:
+    """The bytes of `path`: a regular file (opened without waiting on a pipe; a device is refused, not
+    read without end) of at most `limit` bytes.
+
+    Raises:
+        `error`: one line naming `what`, the path and the fix.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise error(f"{what} = {str(path)!r} cannot be read ({exc.strerror or exc}); name an existing file") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{what} = {str(path)!r} is not a regular file (a pipe, socket, device or folder); name a file")
+        if info.st_size > limit:
+            raise error(f"{what} = {str(path)!r} is {info.st_size} bytes, more than the {limit} such a file may have; "
+                        "name the file meant")
+        return f.read(limit)
 
 
 def umask() -> int:

@@ -54,7 +54,10 @@ def markdown(table: list[dict[str, Any]]) -> str:
 
 def write_summary(sweep_dir: Path) -> list[dict[str, Any]]:
     """Write `summary.json` and `summary.md` of the sweep in `sweep_dir`; return the rows."""
+    from pipeline.run_dir import record
+
     table = rows(sweep_dir)
+    record(sweep_dir, ["summary.json", "summary.md"])
     write_json(sweep_dir / "summary.json", table)
     write_bytes(sweep_dir / "summary.md", markdown(table).encode())
     return table

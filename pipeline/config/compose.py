@@ -98,12 +98,14 @@ def target_config(cfg: PipelineConfig, target: str | None) -> PipelineConfig:
 
 def check_files(cfg: DictConfig) -> None:
     """The files a composed config reads are there and of a known kind (each build target's too): weight
-    files and model folders (`weight_files.weight_files`), calibration files. `compose` and `python -m
-    pipeline` refuse with the same line before anything is written or run (the files are read later).
+    files and model folders (`weight_files.weight_files`), calibration files, timing caches (only one
+    TensorRT wrote may be there: the build replaces it). `compose`, `dvc exp run`'s first stage and
+    `python -m pipeline` refuse with the same line before anything is written or run.
 
     Raises:
-        ConfigError: naming the key, the path and the fix.
+        ConfigError, CompileSpecError: naming the key, the path and the fix.
     """
+    from pipeline.engine import timing_cache
     from pipeline.engine.toolchain import calibration_files
     from pipeline.models.weight_files import regular_file, weight_files
 
@@ -111,8 +113,12 @@ def check_files(cfg: DictConfig) -> None:
     for config in [plain, *((plain.get("targets") or {}).values())]:
         if (config.get("model") or {}).get("weights"):
             weight_files(config["model"]["weights"])
-        for path in calibration_files(config.get("compile") or {}):
+        compile_section = config.get("compile") or {}
+        for path in calibration_files(compile_section):
             regular_file(Path(path), "compile.quantize.calibration")
+        for section in [compile_section, *(compile_section.get("per_method") or {}).values()]:
+            if (section or {}).get("timing_cache_path"):
+                timing_cache.check(section["timing_cache_path"])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -139,6 +145,7 @@ def check_experiment(params: str | Path = "params.yaml", target: str | None = No
             keeps them).
     """
     read_params(params, target)
+    check_files(OmegaConf.load(params))  # type: ignore[arg-type]  # read_params: a mapping
     if not COMPOSED.exists():
         return
     overrides = list(json.loads(COMPOSED.read_text()).get("overrides") or [])

@@ -6,6 +6,8 @@ what is allowed."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -33,6 +35,7 @@ _SLOTS = {r"model\._target_": "model", r"partitioners\.chain\[\d+\]\._target_": 
 def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
     """Raise `ConfigError` naming the first broken rule and how to fix it (`resolve_code`: also import
     every `_target_` to check its kind; without it only the trusted prefix is checked)."""
+    _check_known_keys(cfg, "")
     _check_targets(cfg, resolve_code)
     methods = list(cfg.model.methods)
     _check_chain(cfg, methods)
@@ -59,6 +62,28 @@ def validate(cfg: DictConfig, resolve_code: bool = True) -> None:
         else:
             check_prefix(str(entry._target_), where)
     _check_compile(cfg, methods)  # last: it reads the config as the schema's objects
+
+
+def _check_known_keys(node: Any, where: str) -> None:
+    """Every key of a node the schema types is one of its schema's fields. A key added with `+`
+    (`+compile.precison=fp16`, the form Hydra's own hint suggests) would be carried and ignored."""
+    if isinstance(node, ListConfig):
+        for i in range(len(node)):
+            _check_known_keys(node._get_node(i), f"{where.removesuffix('.')}[{i}].")
+        return
+    if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
+        return
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        fields = [f.name for f in dataclasses.fields(schema)]
+        for key in node:
+            if key not in fields:
+                group = where.removesuffix(".") or "the config"
+                near = difflib.get_close_matches(str(key), fields, 1)
+                raise ConfigError(f"{where}{key} is not an option of {group}: "
+                                  + (f"did you mean {where}{near[0]}?" if near else f"its options are {', '.join(fields)}"))
+    for key in node:
+        _check_known_keys(node._get_node(key), f"{where}{key}.")
 
 
 def _check_targets(cfg: DictConfig, resolve_code: bool) -> None:

@@ -5,17 +5,14 @@ it from an engine cache (`engine_cache.py`)."""
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torch.export import ExportedProgram
 
 from pipeline.delegate.blob import BlobMetadata
-from pipeline.engine import build_env
+from pipeline.engine import build_env, timing_cache
 from pipeline.engine.cache import EngineCache, Entry
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.engine.network import GraphSource, NetworkDefinition, define_network, graph_source
@@ -91,7 +88,7 @@ def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkD
         config.max_aux_streams = spec.max_aux_streams
     _apply_compute_capabilities(config, spec)
     if spec.timing_cache_path:
-        data = Path(spec.timing_cache_path).read_bytes() if os.path.exists(spec.timing_cache_path) else b""
+        data = timing_cache.check(spec.timing_cache_path)
         config.set_timing_cache(config.create_timing_cache(data), ignore_mismatch=False)
     for profile in optimization_profiles(builder, definition) if definition is not None else []:
         config.add_optimization_profile(profile)
@@ -177,7 +174,7 @@ def _build(source: GraphSource, spec: TensorRTCompileSpec, label: str) -> BuiltE
         )
     log.info("built TensorRT %s in %.2f s (%d bytes)", label, seconds, serialized.nbytes)
     if spec.timing_cache_path:
-        _write_atomically(Path(spec.timing_cache_path), bytes(config.get_timing_cache().serialize()))
+        timing_cache.write(spec.timing_cache_path, bytes(config.get_timing_cache().serialize()))
     meta = BlobMetadata(io_bindings=definition.bindings, hardware_compatible=False, target_platform=_platform(),
                         tf32_override=build_env.current() if flavour().is_rtx else None)
     return BuiltEngine(bytes(serialized), meta, seconds, layers)
@@ -187,10 +184,3 @@ def _platform() -> str:
     import platform
 
     return f"{platform.system().lower()}_{platform.machine().lower()}"
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
-        tmp.write(data)
-    os.replace(tmp.name, path)

@@ -179,7 +179,9 @@ def _calibrated(spec: TensorRTCompileSpec, gm: torch.fx.GraphModule, method: str
     if spec.quantize.calibration is None:
         log.warning("method %r: fp8 input scales come from the example inputs alone; name representative inputs in "
                     "compile.quantize.calibration (values beyond them saturate)", method)
-    inputs = calibration.samples(spec.quantize.calibration, method, flat)
+    shapes = [tuple(d if isinstance(d, int) else None for d in n.meta["val"].shape) for n in gm.graph.nodes
+              if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+    inputs = calibration.samples(spec.quantize.calibration, method, flat, shapes if len(shapes) == len(flat) else None)
     amax = calibration.activation_amax(gm, inputs)
     log.info("method %r: calibrated %d fp8 layer input(s) on %d sample(s)", method, len(amax), len(inputs))
     return replace(spec, quantize=spec.quantize.with_activation_amax(amax))

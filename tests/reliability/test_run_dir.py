@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import RunDirError
-from pipeline.run_dir import CLAIM, claim, complete, staged
+from pipeline.run_dir import CLAIM, check_subdir, claim, complete, record, staged
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,28 +44,55 @@ def test_directory_with_foreign_files_is_refused(tmp_path: Path) -> None:
 def test_interrupted_run_is_cleared_by_the_next(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / CLAIM).write_text(json.dumps({"pid": _dead_pid(), "complete": False}))
-    (run / ".pipeline-tmp-1-x").mkdir()
-    (run / ".pipeline-tmp-1-x" / "compiled").mkdir()
+    pid = _dead_pid()
+    (run / CLAIM).write_text(json.dumps({"pid": pid, "complete": False, "created": ["__main__.log"]}))
+    (run / f".pipeline-tmp-{pid}-x").mkdir()
+    (run / f".pipeline-tmp-{pid}-x" / "compiled").mkdir()
     (run / "__main__.log").write_text("old")
     claim(run)
     assert sorted(p.name for p in run.iterdir()) == [CLAIM]
 
 
-def test_taking_over_an_interrupted_run_deletes_only_what_a_run_writes(tmp_path: Path) -> None:
-    """A marker of a dead run in a folder that also holds someone's files (planted, or the folder
-    reused): the run's own entries go, the rest stays, and the folder is refused."""
+def test_taking_over_an_interrupted_run_deletes_only_what_it_created(tmp_path: Path) -> None:
+    """A marker of a dead run in a folder that also holds someone's files (planted, or put there since
+    the run died, under names a run also writes): the entries its marker lists go, the rest stays
+    (whatever their names), and the folder is refused."""
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
-    (run / CLAIM).write_text(json.dumps({"pid": _dead_pid(), "complete": False}))
+    pid = _dead_pid()
+    (run / CLAIM).write_text(json.dumps({"pid": pid, "complete": False, "created": [".hydra", "program", "../x", "/"]}))
     (run / "program").mkdir()
-    (run / "thesis").mkdir()
-    (run / "thesis" / "chapter1.tex").write_text("mine")
-    (run / "notes.txt").write_text("mine")
-    with pytest.raises(RunDirError, match=r"also holds files that are not a run's \(notes.txt, thesis\); they were kept"):
+    for name in ("thesis", "toolchain.json", "2024", "notes.log", "compiled", ".pipeline-tmp-1-x"):
+        (run / name).write_text("mine")
+    with pytest.raises(RunDirError, match=r"also holds files that are not a run's \(.pipeline-tmp-1-x, 2024, compiled\); "
+                                          r"they were kept"):
         claim(run)
-    assert sorted(p.name for p in run.iterdir()) == ["notes.txt", "thesis"]
-    assert (run / "thesis" / "chapter1.tex").read_text() == "mine"
+    assert sorted(p.name for p in run.iterdir()) == [".pipeline-tmp-1-x", "2024", "compiled", "notes.log", "thesis",
+                                                     "toolchain.json"]
+    assert all((run / n).read_text() == "mine" for n in ("thesis", "toolchain.json", "2024", "notes.log"))
+
+
+def test_a_run_records_what_it_creates(tmp_path: Path) -> None:
+    marker = claim(tmp_path / "run")
+    with staged(tmp_path / "run") as tmp:
+        (tmp / "program").mkdir()
+        (tmp / "metrics.json").write_text("{}")
+    assert json.loads(marker.read_text())["created"] == ["metrics.json", "program"]
+    record(tmp_path / "run", [".hydra"])
+    assert json.loads(marker.read_text())["created"] == [".hydra", "metrics.json", "program"]
+
+
+@pytest.mark.parametrize("subdir", ["../..", "/tmp/x", ".", "", "a/../..", "${hydra.runtime.cwd}", "~/x", "${now:%Y}/../.."])
+def test_a_sweep_job_folder_outside_the_sweep_is_refused(subdir: str) -> None:
+    with pytest.raises(RunDirError, match="does not name a folder inside the sweep directory"):
+        check_subdir(subdir, [])
+
+
+def test_a_sweep_job_folder_named_by_overrides_that_hold_paths_is_refused() -> None:
+    check_subdir("${hydra.job.num}", ["model.weights=../../x"])
+    check_subdir("job_${hydra.job.override_dirname}", ["model=mlp,resnet18"])
+    with pytest.raises(RunDirError, match=r"override 'model.weights=../../x' holds a path"):
+        check_subdir("${hydra.job.override_dirname}", ["model=mlp", "model.weights=../../x"])
 
 
 def test_staged_outputs_appear_only_on_success(tmp_path: Path) -> None:
