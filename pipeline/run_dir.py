@@ -172,7 +172,8 @@ class RunDirGuard(Callback):
         from pipeline.cli import reported
 
         with reported():
-            check_subdir(str(OmegaConf.to_container(config.hydra.sweep)["subdir"]), config.hydra.overrides.task)
+            raw: Any = OmegaConf.to_container(config.hydra.sweep)  # as written: before interpolation
+            check_subdir(str(raw["subdir"]), config.hydra.overrides.task)
         self._start(config, "sweep")
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:

@@ -76,10 +76,10 @@ def _check_known_keys(node: Any, where: str) -> None:
     schema = OmegaConf.get_type(node)
     if dataclasses.is_dataclass(schema):
         fields = [f.name for f in dataclasses.fields(schema)]
-        for key in node:
+        for key in map(str, node):
             if key not in fields:
                 group = where.removesuffix(".") or "the config"
-                near = difflib.get_close_matches(str(key), fields, 1)
+                near = difflib.get_close_matches(key, fields, 1)
                 raise ConfigError(f"{where}{key} is not an option of {group}: "
                                   + (f"did you mean {where}{near[0]}?" if near else f"its options are {', '.join(fields)}"))
     for key in node:
