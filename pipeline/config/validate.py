@@ -76,14 +76,14 @@ def _check_known_keys(node: Any, where: str) -> None:
     schema = OmegaConf.get_type(node)
     if dataclasses.is_dataclass(schema):
         fields = [f.name for f in dataclasses.fields(schema)]
-        for key in map(str, node):
-            if key not in fields:
+        for name in map(str, node):
+            if name not in fields:
                 group = where.removesuffix(".") or "the config"
-                near = difflib.get_close_matches(key, fields, 1)
-                raise ConfigError(f"{where}{key} is not an option of {group}: "
+                near = difflib.get_close_matches(name, fields, 1)
+                raise ConfigError(f"{where}{name} is not an option of {group}: "
                                   + (f"did you mean {where}{near[0]}?" if near else f"its options are {', '.join(fields)}"))
     for key in node:
-        _check_known_keys(node._get_node(key), f"{where}{key}.")
+        _check_known_keys(node._get_node(key), f"{where}{key!s}.")
 
 
 def _check_targets(cfg: DictConfig, resolve_code: bool) -> None:
