@@ -40,6 +40,33 @@ def read_regular(path: str | Path, what: str, limit: int, error: type[Exception]
         return f.read(limit)
 
 
+def read_cache(path: str | Path, what: str, magic: bytes, limit: int, error: type[Exception]) -> bytes:
+    """A cache file the project reads before its work and replaces after it (TensorRT's timing and
+    runtime caches): b"" where there is none yet. A path that holds anything but such a cache (no
+    `magic` first), a link or no regular file is refused, so the write never replaces a file the
+    project did not create.
+
+    Raises:
+        `error`: one line naming `what`, the path and the fix.
+    """
+    where = Path(path)
+    if where.is_symlink():
+        raise error(f"{what} = {str(path)!r} is a symbolic link; name the file itself")
+    if not os.path.lexists(where):
+        return b""
+    data = read_regular(where, what, limit, error)
+    if not data.startswith(magic):
+        raise error(f"{what} = {str(path)!r} holds a file that is not the cache the build writes there ({len(data)} "
+                    "bytes), which it would replace; name a new path")
+    return data
+
+
+def write_cache(path: str | Path, data: bytes, what: str, magic: bytes, limit: int, error: type[Exception]) -> None:
+    """Replace the cache at `path` with `data`, claimed first (`read_cache`: what is there is still a cache)."""
+    read_cache(path, what, magic, limit, error)
+    write_bytes(path, data)
+
+
 def umask() -> int:
     """The process umask (read without changing it for longer than the call)."""
     mask = os.umask(0o022)

@@ -77,7 +77,7 @@ def _check_known_keys(node: Any, where: str) -> None:
     if dataclasses.is_dataclass(schema):
         fields = [f.name for f in dataclasses.fields(schema)]
         for name in map(str, node):
-            if name not in fields:
+            if name not in fields and name not in _INSTANTIATE_KEYS:  # those get their own line
                 group = where.removesuffix(".") or "the config"
                 near = difflib.get_close_matches(name, fields, 1)
                 raise ConfigError(f"{where}{name} is not an option of {group}: "

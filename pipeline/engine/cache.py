@@ -95,7 +95,8 @@ class EngineCache:
     events: list[Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if KEY_ENV in os.environ and not os.environ[KEY_ENV].strip():  # set to nothing: never authentication off
+        secret = _secret()
+        if secret is not None and not secret.strip():  # set to nothing: never authentication off
             raise ConfigError(f"${KEY_ENV} is set but empty, which would turn the cache's authentication off; set it "
                               f"to the secret the machines sharing this cache use, or unset it (`unset {KEY_ENV}`)")
         self.url = self.url or os.environ.get(ENV) or str(Path.home() / ".cache" / "trt-executorch-pipeline" / "engines")
@@ -275,21 +276,26 @@ def _encode(key: str, entry: Entry) -> bytes:
     doc = {"key": key, "sha256": hashlib.sha256(entry.engine).hexdigest(), "size": len(entry.engine),
            "num_layers": entry.num_layers, "target_platform": entry.metadata.target_platform,
            **blob.tf32_override_doc(entry.metadata), "io_bindings": [b.to_json() for b in entry.metadata.io_bindings]}
-    secret = os.environ.get(KEY_ENV)
+    secret = _secret()
     if secret is not None:  # never empty: EngineCache refuses that
         doc["hmac"] = _mac(secret, json.dumps(doc, separators=(",", ":")).encode())
     head = json.dumps(doc, separators=(",", ":")).encode()
     return MAGIC + _LENGTH.pack(len(head)) + head + entry.engine
 
 
-def _mac(secret: str, head: bytes) -> str:
-    return hmac.new(secret.encode(), MAGIC + head, hashlib.sha256).hexdigest()
+def _secret() -> bytes | None:
+    """`$PIPELINE_ENGINE_CACHE_KEY` as the bytes it holds (any bytes: the environment need not be UTF-8)."""
+    return os.environb.get(KEY_ENV.encode())
+
+
+def _mac(secret: bytes, head: bytes) -> str:
+    return hmac.new(secret, MAGIC + head, hashlib.sha256).hexdigest()
 
 
 def _authentic(data: bytes) -> bool:
     """Whether an entry (already decoded whole) carries a valid HMAC, where `$PIPELINE_ENGINE_CACHE_KEY`
     asks for one; the HMAC covers the header, which holds the engine's size and digest."""
-    secret = os.environ.get(KEY_ENV)
+    secret = _secret()
     if secret is None:
         return True
     (length,) = _LENGTH.unpack_from(data, 4)

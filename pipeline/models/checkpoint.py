@@ -90,10 +90,15 @@ def rename(state: Mapping[str, torch.Tensor], prefixes: Mapping[str, str]) -> di
     """`state` with each key's longest matching prefix in `prefixes` (file prefix -> module prefix)
     replaced: {"module.": ""} strips a wrapper's prefix, {"": "backbone."} adds one."""
     order = sorted(prefixes, key=len, reverse=True)
-    out = {}
+    out: dict[str, torch.Tensor] = {}
+    source: dict[str, str] = {}
     for key, value in state.items():
         old = next((p for p in order if key.startswith(p)), None)
-        out[key if old is None else prefixes[old] + key[len(old):]] = value
+        new = key if old is None else prefixes[old] + key[len(old):]
+        if new in source:  # two of the file's keys would load into one parameter: neither is taken silently
+            raise ConfigError(f"model.weight_prefixes maps the file's keys {source[new]!r} and {key!r} both to {new!r}; "
+                              "map prefixes so that each key of the file names its own parameter")
+        out[new], source[new] = value, key
     return out
 
 

@@ -376,10 +376,12 @@ def folder_config(folder: str, architecture: str | None, fields: dict[str, Any])
 
     import transformers
 
+    from pipeline.files import read_regular
+
     path = Path(folder) / "config.json"
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        raw = json.loads(read_regular(path, "the model folder's config.json", 1 << 26))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path} is not a JSON config ({exc}); save the model with save_pretrained") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} is not a JSON object; save the model with save_pretrained")

@@ -4,6 +4,8 @@ check, the runtime's delegate executor, and the benchmark's raw-engine timing)."
 from __future__ import annotations
 
 import atexit
+import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +17,10 @@ from pipeline.delegate.blob import IOBinding
 from pipeline.engine import build_env
 from pipeline.engine.trt_api import flavour, trt
 from pipeline.errors import BlobFormatError, InputError, RuntimeUnavailableError
-from pipeline.files import write_bytes
+from pipeline.files import read_regular, write_bytes
 from pipeline.runtime.options import RuntimeOptions
+
+log = logging.getLogger(__name__)
 
 
 def cuda_ready() -> bool:
@@ -247,24 +251,55 @@ def _aliases(inputs: Sequence[IOBinding], outputs: Sequence[IOBinding]) -> dict[
     return out
 
 
-_RUNTIME_CACHES: dict[str, Any] = {}  # runtime_cache_path -> the one cache every engine of the process shares
+# runtime_cache_path -> (the one cache every engine of the process shares, the file it was read from:
+# (device, inode, size, mtime) or None where there was none)
+_RUNTIME_CACHES: dict[str, tuple[Any, tuple[int, ...] | None]] = {}
+RUNTIME_CACHE_LIMIT = 1 << 32  # bytes
+
+
+def _identity(path: str) -> tuple[int, ...] | None:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def _runtime_cache(config: Any, path: str) -> Any:
-    """The runtime cache of `path`: made (from `config`) and filled from the file on first use."""
-    cache = _RUNTIME_CACHES.get(path)
-    if cache is None:
-        cache = config.create_runtime_cache()
-        if Path(path).is_file():
-            cache.deserialize(Path(path).read_bytes())  # a cache of another GPU or version is ignored by TensorRT-RTX
-        if not _RUNTIME_CACHES:
-            atexit.register(save_runtime_caches)
-        _RUNTIME_CACHES[path] = cache
+    """The runtime cache of `path`: made (from `config`) and filled from the file on first use. The
+    file is claimed as it is read: a path that holds anything but a runtime cache TensorRT-RTX
+    deserializes (a user's file, a link, a pipe) is refused, since it is replaced at exit.
+
+    Raises:
+        RuntimeUnavailableError: naming the path and the fix.
+    """
+    found = _RUNTIME_CACHES.get(path)
+    if found is not None:
+        return found[0]
+    cache = config.create_runtime_cache()
+    what = "runtime.runtime_cache_path"
+    if Path(path).is_symlink():
+        raise RuntimeUnavailableError(f"{what} = {path!r} is a symbolic link; name the file itself")
+    identity = _identity(path)
+    if identity is not None:
+        data = read_regular(path, what, RUNTIME_CACHE_LIMIT, RuntimeUnavailableError)
+        if not cache.deserialize(data):  # TensorRT-RTX's own judgement of the file
+            raise RuntimeUnavailableError(f"{what} = {path!r} holds a file that is not a TensorRT-RTX runtime cache "
+                                          f"({len(data)} bytes), which would be replaced at exit; name a new path")
+    if not _RUNTIME_CACHES:
+        atexit.register(save_runtime_caches)
+    _RUNTIME_CACHES[path] = (cache, identity)
     return cache
 
 
 def save_runtime_caches() -> None:
     """Write every runtime cache to its file, whole or not at all (at exit; call it to keep the kernels
-    compiled so far now)."""
-    for path, cache in _RUNTIME_CACHES.items():
+    compiled so far now). A file that changed since it was read (another process wrote it, a user put
+    one there) is left alone."""
+    for path, (cache, identity) in list(_RUNTIME_CACHES.items()):
+        if _identity(path) != identity:
+            log.warning("runtime cache %s changed since it was read; left as it is (the kernels compiled here are "
+                        "not kept)", path)
+            continue
         write_bytes(path, bytes(cache.serialize()))
+        _RUNTIME_CACHES[path] = (cache, _identity(path))

@@ -121,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="pipeline.runtime, or ExecuTorch's runtime with the native TensorRT delegate")
     args = parser.parse_args(argv)
     with reported():
+        if args.prompt is not None:
+            try:
+                args.prompt.encode()
+            except UnicodeEncodeError:  # bytes the terminal's encoding does not decode
+                raise InputError("--prompt is not UTF-8 text; give the prompt in UTF-8 (or --prompt-ids)") from None
         program = load_with(args.runtime, args.pte, args.ptd)
         if args.prompt is not None:
             text = tokenizer.of_program(program)

@@ -12,6 +12,7 @@ the argmax of the last logits, never one of `suppress_tokens`, nor first one of
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +20,10 @@ from typing import Any
 import torch
 
 from pipeline.errors import InputError
+from pipeline.files import read_regular
 from pipeline.runtime.generate import capacity
+
+FEATURES_LIMIT = 1 << 30  # bytes of a features file
 
 SUPPRESS_METHOD = "whisper_suppress_tokens"  # the constant method with both lists (JSON)
 
@@ -111,11 +115,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="Whisper: at most this many tokens")
     args = parser.parse_args(argv)
     with reported():
-        program = load(args.pte, args.ptd)
+        data = read_regular(args.features, "--features", FEATURES_LIMIT, InputError)
         try:
-            features = torch.from_numpy(np.load(args.features))
-        except ValueError as exc:  # not a .npy array (a pickle is never loaded)
-            raise InputError(f"{args.features} is not a .npy array of log-mel features [1, mels, frames] ({exc})") from exc
+            array = np.load(io.BytesIO(data), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:  # not NumPy's (a pickle is never loaded)
+            raise InputError(f"{args.features} is not a .npy array of log-mel features [1, mels, frames] ({exc})") from None
+        if not isinstance(array, np.ndarray) or array.dtype.kind != "f":
+            raise InputError(f"{args.features} is not a .npy array of float log-mel features [1, mels, frames] (an .npz "
+                             "archive or another kind); save one array with numpy.save")
+        features = torch.from_numpy(array)
+        program = load(args.pte, args.ptd)
         if "blank_id" in program.constant_names:
             tokens = transcribe_transducer(program, features)
         else:

@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError, InputError
+from pipeline.files import read_regular
 
 METHOD = "pipeline_tokenizer"
 FILE = "tokenizer.json"
+LIMIT = 1 << 30  # bytes of a tokenizer or config file
 _OTHER_FILES = ("tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer_config.json")
 
 
@@ -67,7 +69,7 @@ def from_folder(folder: str | Path) -> str | None:
     """
     where = Path(folder)
     path = where / FILE
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         others = [n for n in _OTHER_FILES if (where / n).exists()]
         if others:
             raise ConfigError(f"model folder {str(folder)!r} has {', '.join(others)} but no {FILE}; save its tokenizer "
@@ -75,7 +77,10 @@ def from_folder(folder: str | Path) -> str | None:
         return None
     if path.is_symlink():
         raise ConfigError(f"{path} is a symbolic link; the tokenizer is read from the folder itself (copy the file)")
-    text = path.read_text()
+    try:
+        text = read_regular(path, "the model folder's tokenizer", LIMIT).decode()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text; save the tokenizer with transformers' tokenizer.save_pretrained") from None
     _parse(text, str(path))
     return json.dumps({"tokenizer": text, "sha256": hashlib.sha256(text.encode()).hexdigest(),
                        "eos_token_ids": _eos_ids(where)}, separators=(",", ":"))
@@ -85,7 +90,10 @@ def _eos_ids(folder: Path) -> list[int]:
     for name in ("generation_config.json", "config.json"):
         path = folder / name
         if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
+            try:
+                value = json.loads(read_regular(path, f"the model folder's {name}", LIMIT)).get("eos_token_id")
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                raise ConfigError(f"{path} is not a JSON object; save the model with save_pretrained") from None
             if value is not None:
                 return [int(v) for v in (value if isinstance(value, list) else [value])]
     return []

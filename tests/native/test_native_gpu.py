@@ -174,3 +174,25 @@ def test_refusals_on_the_gpu_are_one_line_and_change_nothing(tmp_path: Path) -> 
     with pytest.raises(RuntimeError):
         module.run_method("forward", (x.to(torch.float16),))
     torch.testing.assert_close(module.run_method("forward", (x,))[0], first)
+
+
+def test_a_blob_whose_metadata_is_not_its_engines_is_refused_at_load(tmp_path: Path) -> None:
+    """The blob's metadata is not covered by the engine's digest: the delegate holds the engine's own
+    I/O (names, input or output, dtypes, ranks, fixed dims) against it when the method loads, so no
+    buffer is sized from metadata the engine contradicts (issue 56); the untampered program still runs
+    and gives what it gave."""
+    files = run_all(_cfg("model=mlp"), tmp_path / "build")
+    x = torch.randn(1, 64)
+    good = _runner_outputs(files, "forward", [x], tmp_path)[0]
+    data = files["pte"].read_bytes()
+    start = data.index(b'"io_bindings":[')
+    output = data.index(b'"is_input":false', start)
+    field = data.rindex(b'"dtype":"float32"', start, output)
+    tampered = tmp_path / "tampered.pte"
+    tampered.write_bytes(data[:field] + b'"dtype":"float16"' + data[field + len(b'"dtype":"float32"'):])
+    np.save(tmp_path / "x.npy", x.numpy())
+    done = run_runner("run", tampered, "--method", "forward", "--input", tmp_path / "x.npy", "--output-dir", tmp_path)
+    assert done.returncode == 1 and "is not what its blob binds" in done.stderr.strip().splitlines()[-1], done.stderr
+    np.save(tmp_path / "wide.npy", torch.randn(2, 64).numpy())
+    assert run_runner("run", files["pte"], "--method", "forward", "--input", tmp_path / "wide.npy").returncode == 1
+    np.testing.assert_array_equal(_runner_outputs(files, "forward", [x], tmp_path)[0], good)

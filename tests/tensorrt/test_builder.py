@@ -248,3 +248,20 @@ def test_runtime_cache_is_shared_by_engines_and_written_back(tmp_path: Path) -> 
     assert len(engine_runner._RUNTIME_CACHES) == 1
     engine_runner.save_runtime_caches()
     assert Path(path).stat().st_size > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+def test_a_runtime_cache_path_that_holds_another_file_is_refused_and_kept(tmp_path: Path) -> None:
+    """The runtime cache is replaced at exit: a path holding a user's file (TensorRT-RTX does not read
+    it as a cache) is refused when the first engine starts, and the file stays as it was (issue 56)."""
+    from pipeline.runtime import engine_runner
+
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    built = build_engine(_program(dynamic=False), TensorRTCompileSpec())
+    options = RuntimeOptions(runtime_cache_path=str(mine))
+    with pytest.raises(RuntimeUnavailableError, match="holds a file that is not a TensorRT-RTX runtime cache"):
+        EngineRunner(LoadedEngine(built.engine), built.metadata.io_bindings, options)(torch.randn(2, 3, 8, 8, device="cuda"))
+    engine_runner.save_runtime_caches()
+    assert mine.read_text() == "mine"

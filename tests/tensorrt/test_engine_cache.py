@@ -3,6 +3,7 @@ on (and nothing else), a damaged entry is rebuilt and never used, writers race s
 stays within its bound (least recently used goes), and any fsspec URL serves."""
 
 import multiprocessing
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -252,3 +253,15 @@ def test_a_cache_that_cannot_be_written_never_fails_a_build(tmp_path: Path) -> N
     cache.put("a" * 64, _entry(4096, 1))
     assert cache.get("a" * 64) is None
     assert len(_compile(cache)) == 1 and [e.hit for e in cache.events] == [False, False]
+
+
+def test_a_secret_of_any_bytes_authenticates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secret that is not UTF-8 (the environment holds bytes) is a secret like any other: no
+    traceback after the build, and another secret's entries stay unused."""
+    key = "f" * 64
+    monkeypatch.setitem(os.environb, b"PIPELINE_ENGINE_CACHE_KEY", b"\xff\xfe-not-utf8")
+    cache = EngineCache(str(tmp_path))
+    cache.put(key, _entry(4096, 5))
+    assert cache.get(key).engine == _entry(4096, 5).engine  # type: ignore[union-attr]
+    monkeypatch.setitem(os.environb, b"PIPELINE_ENGINE_CACHE_KEY", b"\xff\xfd-not-utf8")
+    assert EngineCache(str(tmp_path)).get(key) is None
