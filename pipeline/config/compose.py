@@ -105,7 +105,7 @@ def check_files(cfg: DictConfig) -> None:
     Raises:
         ConfigError, CompileSpecError: naming the key, the path and the fix.
     """
-    from pipeline.engine import timing_cache
+    from pipeline.engine import cache_files
     from pipeline.engine.toolchain import calibration_files
     from pipeline.models.weight_files import regular_file, weight_files
 
@@ -118,7 +118,7 @@ def check_files(cfg: DictConfig) -> None:
             regular_file(Path(path), "compile.quantize.calibration")
         for section in [compile_section, *(compile_section.get("per_method") or {}).values()]:
             if (section or {}).get("timing_cache_path"):
-                timing_cache.check(section["timing_cache_path"])
+                cache_files.check(section["timing_cache_path"])
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from pipeline.delegate.blob import BlobMetadata
-from pipeline.engine import build_env, timing_cache
+from pipeline.engine import build_env, cache_files
 from pipeline.engine.cache import EngineCache, Entry
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.engine.network import GraphSource, NetworkDefinition, define_network, graph_source
@@ -88,7 +88,7 @@ def builder_config(builder: Any, spec: TensorRTCompileSpec, definition: NetworkD
         config.max_aux_streams = spec.max_aux_streams
     _apply_compute_capabilities(config, spec)
     if spec.timing_cache_path:
-        data = timing_cache.check(spec.timing_cache_path)
+        data = cache_files.check(spec.timing_cache_path)
         config.set_timing_cache(config.create_timing_cache(data), ignore_mismatch=False)
     for profile in optimization_profiles(builder, definition) if definition is not None else []:
         config.add_optimization_profile(profile)
@@ -174,7 +174,7 @@ def _build(source: GraphSource, spec: TensorRTCompileSpec, label: str) -> BuiltE
         )
     log.info("built TensorRT %s in %.2f s (%d bytes)", label, seconds, serialized.nbytes)
     if spec.timing_cache_path:
-        timing_cache.write(spec.timing_cache_path, bytes(config.get_timing_cache().serialize()))
+        cache_files.write(spec.timing_cache_path, bytes(config.get_timing_cache().serialize()))
     meta = BlobMetadata(io_bindings=definition.bindings, hardware_compatible=False, target_platform=_platform(),
                         tf32_override=build_env.current() if flavour().is_rtx else None)
     return BuiltEngine(bytes(serialized), meta, seconds, layers)

@@ -8,16 +8,14 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.delegate.blob import IOBinding
-from pipeline.engine import build_env
+from pipeline.engine import build_env, cache_files
 from pipeline.engine.trt_api import flavour, trt
 from pipeline.errors import BlobFormatError, InputError, RuntimeUnavailableError
-from pipeline.files import read_regular, write_bytes
 from pipeline.runtime.options import RuntimeOptions
 
 log = logging.getLogger(__name__)
@@ -254,7 +252,6 @@ def _aliases(inputs: Sequence[IOBinding], outputs: Sequence[IOBinding]) -> dict[
 # runtime_cache_path -> (the one cache every engine of the process shares, the file it was read from:
 # (device, inode, size, mtime) or None where there was none)
 _RUNTIME_CACHES: dict[str, tuple[Any, tuple[int, ...] | None]] = {}
-RUNTIME_CACHE_LIMIT = 1 << 32  # bytes
 
 
 def _identity(path: str) -> tuple[int, ...] | None:
@@ -267,8 +264,8 @@ def _identity(path: str) -> tuple[int, ...] | None:
 
 def _runtime_cache(config: Any, path: str) -> Any:
     """The runtime cache of `path`: made (from `config`) and filled from the file on first use. The
-    file is claimed as it is read: a path that holds anything but a runtime cache TensorRT-RTX
-    deserializes (a user's file, a link, a pipe) is refused, since it is replaced at exit.
+    file is claimed as it is read (`cache_files`): a path that holds anything but a TensorRT cache (a
+    user's file, a link, a pipe) is refused, since it is replaced at exit.
 
     Raises:
         RuntimeUnavailableError: naming the path and the fix.
@@ -277,15 +274,10 @@ def _runtime_cache(config: Any, path: str) -> Any:
     if found is not None:
         return found[0]
     cache = config.create_runtime_cache()
-    what = "runtime.runtime_cache_path"
-    if Path(path).is_symlink():
-        raise RuntimeUnavailableError(f"{what} = {path!r} is a symbolic link; name the file itself")
     identity = _identity(path)
-    if identity is not None:
-        data = read_regular(path, what, RUNTIME_CACHE_LIMIT, RuntimeUnavailableError)
-        if not cache.deserialize(data):  # TensorRT-RTX's own judgement of the file
-            raise RuntimeUnavailableError(f"{what} = {path!r} holds a file that is not a TensorRT-RTX runtime cache "
-                                          f"({len(data)} bytes), which would be replaced at exit; name a new path")
+    data = cache_files.check(path, cache_files.RUNTIME)
+    if data:
+        cache.deserialize(data)  # a cache of another GPU or version is ignored by TensorRT-RTX
     if not _RUNTIME_CACHES:
         atexit.register(save_runtime_caches)
     _RUNTIME_CACHES[path] = (cache, identity)
@@ -301,5 +293,5 @@ def save_runtime_caches() -> None:
             log.warning("runtime cache %s changed since it was read; left as it is (the kernels compiled here are "
                         "not kept)", path)
             continue
-        write_bytes(path, bytes(cache.serialize()))
+        cache_files.write(path, bytes(cache.serialize()), cache_files.RUNTIME)
         _RUNTIME_CACHES[path] = (cache, _identity(path))

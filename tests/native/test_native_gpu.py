@@ -193,6 +193,4 @@ def test_a_blob_whose_metadata_is_not_its_engines_is_refused_at_load(tmp_path: P
     np.save(tmp_path / "x.npy", x.numpy())
     done = run_runner("run", tampered, "--method", "forward", "--input", tmp_path / "x.npy", "--output-dir", tmp_path)
     assert done.returncode == 1 and "is not what its blob binds" in done.stderr.strip().splitlines()[-1], done.stderr
-    np.save(tmp_path / "wide.npy", torch.randn(2, 64).numpy())
-    assert run_runner("run", files["pte"], "--method", "forward", "--input", tmp_path / "wide.npy").returncode == 1
     np.testing.assert_array_equal(_runner_outputs(files, "forward", [x], tmp_path)[0], good)

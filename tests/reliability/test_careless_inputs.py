@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pipeline.config.compose import CONF_DIR, check_files, compose
-from pipeline.engine import timing_cache
+from pipeline.engine import cache_files
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import CompileSpecError, ConfigError, InputError
 from pipeline.files import read_regular
@@ -49,10 +49,10 @@ def test_a_timing_cache_path_that_holds_another_file_is_refused_and_kept(tmp_pat
         done = _pipeline("model=mlp", f"compile.timing_cache_path={cache}", "cache.enabled=false",
                          f"hydra.run.dir={tmp_path / run}")
         assert done.returncode == 0, done.stderr
-        assert timing_cache.check(cache).startswith(timing_cache.MAGIC)
+        assert cache_files.check(cache).startswith(cache_files.MAGIC)
     with pytest.raises(CompileSpecError, match="not the cache"):  # claimed again right before the write
         mine.write_text("mine")
-        timing_cache.write(mine, b"ptrt...")
+        cache_files.write(mine, b"ptrt...")
     assert mine.read_text() == "mine"
 
 

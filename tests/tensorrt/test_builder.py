@@ -261,7 +261,7 @@ def test_a_runtime_cache_path_that_holds_another_file_is_refused_and_kept(tmp_pa
     mine.write_text("mine")
     built = build_engine(_program(dynamic=False), TensorRTCompileSpec())
     options = RuntimeOptions(runtime_cache_path=str(mine))
-    with pytest.raises(RuntimeUnavailableError, match="holds a file that is not a TensorRT-RTX runtime cache"):
+    with pytest.raises(RuntimeUnavailableError, match="holds a file that is not the cache the build writes there"):
         EngineRunner(LoadedEngine(built.engine), built.metadata.io_bindings, options)(torch.randn(2, 3, 8, 8, device="cuda"))
     engine_runner.save_runtime_caches()
     assert mine.read_text() == "mine"
