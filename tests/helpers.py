@@ -116,23 +116,48 @@ def run_engines(edge: EdgeProgramManager, inputs: Sequence[torch.Tensor]) -> lis
     return [out[r.args[1]] for r in results]
 
 
+def run_reference(edge: EdgeProgramManager, inputs: Sequence[Any], spec: TensorRTCompileSpec) -> list[torch.Tensor]:
+    """The program's outputs as the CPU reference executor computes them from the network of its one
+    TensorRT engine (`pipeline.engine.reference`), rebuilt from the delegated subgraph as the backend
+    builds it; program inputs fed by name, outputs in program order (as `run_engines`)."""
+    from pipeline.engine.reference import run_network
+
+    program = edge.exported_program()
+    lowered = program.graph_module.lowered_module_0.original_module
+    call = next(n for n in program.graph.nodes if "executorch_call_delegate" in str(n.target))
+    outer = dict(zip(program.graph_signature.user_inputs, [x for x in inputs if isinstance(x, torch.Tensor)]))
+    by_name = {inner: outer[str(arg.name)] for inner, arg in zip(lowered.graph_signature.user_inputs, call.args[1:])}
+    builder = trt().Builder(trt().Logger(trt().Logger.ERROR))
+    definition = define_network(builder, lowered, spec)
+    outs = run_network(definition.network, {b.name: by_name[b.name] for b in definition.bindings if b.is_input},
+                       definition.ctx.raw_weights)
+    ordered = [outs[b.name] for b in definition.bindings if not b.is_input]
+    results = next(n for n in program.graph.nodes if n.op == "output").args[0]
+    return [ordered[r.args[1]] for r in results]
+
+
 def check_converter(module: torch.nn.Module, inputs: Sequence[Any], precision: str = "fp32",
                     dynamic_shapes: Any = None, **spec: Any) -> EdgeProgramManager:
-    """Lower a one-op model: everything in one engine, blob parses; on a GPU, numerics match eager."""
+    """Lower a one-op model: everything in one engine, blob parses, and the engine's network, run by
+    the CPU reference executor, matches eager PyTorch at the precision's tolerance; on a GPU, the
+    engine itself does too."""
     torch.manual_seed(0)
-    edge, _ = lower(module, inputs, TensorRTCompileSpec(precision=precision, **spec), dynamic_shapes=dynamic_shapes)
+    compile_spec = TensorRTCompileSpec(precision=precision, **spec)
+    edge, _ = lower(module, inputs, compile_spec, dynamic_shapes=dynamic_shapes)
     assert leftover_ops(edge) == [], f"not delegated: {leftover_ops(edge)}"
     engines = tensorrt_engines(edge)
     assert len(engines) == 1
     meta, engine = engines[0]
     assert len(engine) > 0 and meta.outputs
+    with torch.no_grad():
+        ref = module(*inputs)
+    refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+    for o, r in zip(run_reference(edge, inputs, compile_spec), refs):
+        assert_not_degenerate(r)
+        assert_close(o, r, precision)
     if GPU:
-        with torch.no_grad():
-            ref = module(*inputs)
-        refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
         outs = run_engines(edge, inputs)
         for o, r in zip(outs, refs):
-            assert_not_degenerate(r)
             assert_close(o, r, precision)
     return edge
 

@@ -46,6 +46,9 @@ class ConversionContext:
         self.symbols: dict[Any, tuple[Any, int]] = {}  # a dim's symbol -> (network input, dim) of that size
         self.channels_last: frozenset[str] = frozenset()  # the bindings held channels last (GraphSource)
         self._keep: list[np.ndarray] = []  # TensorRT reads weights at build time, not at add time
+        # The bytes of each constant of a type NumPy lacks (int4, fp8, bfloat16, float16 read raw), by
+        # its output's name: TensorRT's Python API gives no access to them (`engine.reference` reads them).
+        self.raw_weights: dict[str, np.ndarray] = {}
         from pipeline.engine.quantize import QuantizationPlan
 
         self.quantized = QuantizationPlan()  # the weights and inputs stored quantized (`quantize.plan`)
@@ -84,7 +87,9 @@ class ConversionContext:
         from the bytes of `data` as TensorRT lays that type out."""
         array = np.ascontiguousarray(data)
         self._keep.append(array)
-        return self.network.add_constant(shape, trt().Weights(dtype, array.ctypes.data, count)).get_output(0)
+        out = self.network.add_constant(shape, trt().Weights(dtype, array.ctypes.data, count)).get_output(0)
+        self.raw_weights[out.name] = array
+        return out
 
     def exact_constant(self, tensor: torch.Tensor) -> Any:
         """A constant holding `tensor` in its own dtype, with no cast layer (a quantization scale)."""
