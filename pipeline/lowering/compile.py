@@ -30,6 +30,7 @@ from pipeline.engine.network import GraphSource, holds_channels_last
 from pipeline.errors import ExportError, PipelineError, UnsupportedOperatorError
 from pipeline.lowering.complex_pairs import complex_as_pairs
 from pipeline.lowering.constant_fold import ENGINE_COMPUTES, attr, content_digest, fold_constants, written_buffers
+from pipeline.lowering.engine_check import checked, example_values
 from pipeline.lowering.fused_attention import fuse_attention
 from pipeline.lowering.grouped_query import share_kv_heads
 from pipeline.lowering.partitioning import RECORD_KEY, is_operator, mark_refused, preserved_ops, propose, symbol_ranges
@@ -159,7 +160,7 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
         log.warning("method %r: int8 weights make the file small, but TensorRT-RTX dequantizes them in kernels of their "
                     "own: slower and larger in device memory than fp16 (docs/quantization.md); int4_weight_only is not",
                     method)
-    engines, plans = _replace_partitions(gm, program.range_constraints, spec, method, cache, state)
+    engines, plans = _replace_partitions(gm, program.range_constraints, spec, method, cache, state, example_inputs)
     quantize.say_what_was_quantized(spec.quantize, plans, method)
     drop_metadata_asserts(gm)  # numbers an engine now computes inside, which only assertions read outside
     gm.graph.eliminate_dead_code()
@@ -259,10 +260,12 @@ def _flat_dims(program: ExportedProgram) -> tuple[dict[int, Any], ...] | None:
 
 
 def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: TensorRTCompileSpec, method: str,
-                        cache: EngineCache | None, state: frozenset[str]) -> tuple[int, list[quantize.QuantizationPlan]]:
+                        cache: EngineCache | None, state: frozenset[str],
+                        example_inputs: Sequence[Any] = ()) -> tuple[int, list[quantize.QuantizationPlan]]:
     """Each claimable block becomes one engine call; the buffers in `state` (those the program
-    writes) reach engines as inputs at run time, the other buffers and weights are built in. Returns
-    the number of engines and what each quantizes."""
+    writes) reach engines as inputs at run time, the other buffers and weights are built in. Each
+    engine's network is checked by the reference executor on the values the example inputs give it
+    (its build statistics' `reference`). Returns the number of engines and what each quantizes."""
     blocks, refused = propose(gm, spec)
     if _constant_work_left(gm, blocks, state):
         fold_constants(gm, state, computes=())
@@ -271,8 +274,9 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
     fused = fuse_by_partitions(gm, [dict.fromkeys(block) for block in blocks], prefix="fused_")
     calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
     channels_last = _between_engines(fused, calls)
+    values = example_values(fused, example_inputs) if calls else {}
     plans = [_replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}",
-                                  cache, state, channels_last[node])
+                                  cache, state, channels_last[node], values)
              for count, node in enumerate(calls)]  # the label is the progress line: "engine 3/12 of method ..."
     fused.graph.eliminate_dead_code()
     fused.delete_all_unused_submodules()
@@ -318,7 +322,7 @@ def _constant_work_left(gm: torch.fx.GraphModule, blocks: list[list[torch.fx.Nod
 
 def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],
                          spec: TensorRTCompileSpec, label: str, cache: EngineCache | None, state: frozenset[str],
-                         channels_last: frozenset[str]) -> quantize.QuantizationPlan:
+                         channels_last: frozenset[str], values: dict[torch.fx.Node, Any]) -> quantize.QuantizationPlan:
     sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
     for ph, arg in zip([n for n in sub.graph.nodes if n.op == "placeholder"], call.args):
         assert isinstance(arg, torch.fx.Node)
@@ -345,7 +349,8 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
     # Only what the build determines: timings would make cached stage outputs differ run to run.
     plan = quantize.plan(source, spec.quantize)
     stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine),
-             "profiles": profile_count(built.metadata, spec), "quantized": plan.summary()}
+             "profiles": profile_count(built.metadata, spec), "quantized": plan.summary(),
+             "reference": checked(source, spec, sub, call, values, label)}
     metadata = blob.encode_op_metadata(built.metadata, shapes, stats)
     engine = torch.frombuffer(bytearray(built.engine), dtype=torch.uint8)
     name = f"_tensorrt_engine_{content_digest(engine)}"  # by content, as every constant the compile step makes

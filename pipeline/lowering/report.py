@@ -48,6 +48,9 @@ def engine_entry(module: LoweredBackendModule) -> dict[str, Any]:
             num_layers=info.get("num_layers"),
             profiles=info.get("profiles"),  # optimization profiles (0: static shapes)
             quantized=info.get("quantized"),  # what the engine stores quantized (`quantize.QuantizationPlan.summary`)
+            # its network, run by the CPU reference executor on the example inputs, against its graph
+            # run eagerly (`lowering.engine_check`): {"max_rel_error", "layers"} or {"skipped": why}
+            reference=info.get("reference"),
             inputs=[{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in meta.inputs],
             outputs=[{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in meta.outputs],
         )

@@ -106,6 +106,24 @@ def _median_ms(method: Any, inputs: list[torch.Tensor], on_gpu: bool, calls: int
     return float(statistics.median(times[10:]))
 
 
+def reference_check(method_report: dict[str, Any], precision: str) -> dict[str, Any]:
+    """What the compile step's reference executor found for a method's engines (`report.json`): each
+    engine's network run on the CPU against its graph run eagerly, on the example inputs. It checks
+    what the converters built, not TensorRT's kernels, which only a GPU runs."""
+    from pipeline.engine.reference.check import TOLERANCE
+
+    found = [e.get("reference") or {"skipped": "built before engines were checked"} for e in method_report.get("engines", [])]
+    checked = [f["max_rel_error"] for f in found if "max_rel_error" in f]
+    worst = max(checked, default=None)
+    within = None if worst is None else worst <= TOLERANCE[precision]
+    said = (f"its {len(checked)} of {len(found)} engine(s) were checked by the reference executor on the CPU "
+            f"(TensorRT's kernels not run): largest error {worst:.3g} against their graphs run eagerly"
+            if worst is not None else "no engine of it was checked by the reference executor")
+    return {"checked_by": "reference executor (CPU), not TensorRT's kernels", "engines": len(found),
+            "engines_checked": len(checked), "max_rel_error": worst, "within_tolerance": within,
+            "skipped": [f["skipped"] for f in found if "skipped" in f], "said": said}
+
+
 def _skipped(exc: Exception) -> dict[str, Any]:
     return {"runtime": None, "max_abs_error": None, "max_rel_error": None, "reason": str(exc)}
 
@@ -121,11 +139,13 @@ def run_validate(cfg: PipelineConfig, build_dir: str | Path, timings: str | Path
     ptd = pte.with_suffix(".ptd")
     with step("validate"):
         details = validate_program(cfg, pte, ptd if ptd.exists() else None)
+    report = json.loads((build / "report.json").read_text())
     for method, row in details["methods"].items():  # said where the user looks, not only in validation.json
         if row.get("runtime") is None:
-            log.warning("validate: method %r was not run, so not checked against eager PyTorch: %s", method, row.get("reason"))
+            row["reference"] = reference_check(report.get(method) or {}, cfg.compile.precision)
+            log.warning("validate: method %r was not run, so not checked against eager PyTorch: %s; %s", method,
+                        row.get("reason"), row["reference"]["said"])
     write_json(build / "validation.json", details)
-    report = json.loads((build / "report.json").read_text())
     result = summary(build / "program", report, json.loads(Path(timings).read_text()), details)
     write_json(metrics, result)
     write_json(plot, plot_row(cfg, result))

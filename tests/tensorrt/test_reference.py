@@ -6,18 +6,23 @@ that op fails on the CPU; a layer type the executor does not evaluate is an erro
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from pipeline.config.compose import compose, typed
 from pipeline.engine.converters import registry
 from pipeline.engine.reference import ReferenceError, run_network
 from pipeline.engine.trt_api import trt
-from tests.helpers import Fn, check_converter
+from pipeline.steps import run_all
+from tests.helpers import GPU, Fn, check_converter
 
 aten = torch.ops.aten
 torch.manual_seed(0)
@@ -125,3 +130,28 @@ def test_float16_networks_round_every_layer_as_tensorrt_stores_them() -> None:
     network.mark_output(back)
     (out,) = run_network(network, {"x": torch.ones(1, dtype=torch.float16)}).values()
     assert out.dtype == torch.float16 and float(out) == 1.0 - 2.0**-11
+
+
+def _gelu_as_relu(ctx: Any, layers: list[Any]) -> None:
+    for layer in _of(layers, "ACTIVATION", "IActivationLayer"):
+        layer.type = trt().ActivationType.RELU
+
+
+@pytest.mark.skipif(GPU, reason="on a GPU the validate step runs the engines themselves")
+def test_the_compile_step_checks_every_engine_and_validate_says_so_on_the_cpu(tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Each engine the compile step builds is run by the reference executor on the values the example
+    inputs give it; without a GPU, validation.json says the program was checked so, not by TensorRT's
+    kernels, with the error found: small for the mlp as built, large (and said) with GELU built as ReLU."""
+    cfg = typed(compose(["model=mlp", "cache.enabled=false"]))
+    run_all(cfg, tmp_path / "good", validate=True)
+    forward = json.loads((tmp_path / "good" / "validation.json").read_text())["methods"]["forward"]
+    reference = forward["reference"]
+    assert forward["runtime"] is None and reference["checked_by"] == "reference executor (CPU), not TensorRT's kernels"
+    assert reference["engines_checked"] == reference["engines"] == 1 and reference["max_rel_error"] < 1e-5
+    assert reference["within_tolerance"] is True
+    with mutated(aten.gelu.default, _gelu_as_relu), caplog.at_level(logging.WARNING):
+        run_all(cfg, tmp_path / "bad", validate=True)
+    reference = json.loads((tmp_path / "bad" / "validation.json").read_text())["methods"]["forward"]["reference"]
+    assert reference["max_rel_error"] > 1e-2 and reference["within_tolerance"] is False
+    assert "a converter built it wrong" in caplog.text

@@ -5,12 +5,22 @@ products and the KV-cache update. Each follows TensorRT's documented meaning of 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline.engine.reference.registry import ReferenceError, axes_of, dims, evaluates, name, torch_dtype, unknown, wide
+from pipeline.engine.reference.registry import (
+    ReferenceError,
+    axes_of,
+    dims,
+    evaluates,
+    name,
+    torch_dtype,
+    unknown,
+    wide,
+)
 from pipeline.engine.trt_api import trt
 
 Values = list[torch.Tensor | None]
@@ -59,7 +69,7 @@ def identity(layer: Any, args: Values, raw: dict[str, np.ndarray]) -> list[torch
     return [args[0]]  # type: ignore[list-item]  # the output's declared type is applied by the walker
 
 
-_ELEMENTWISE = {
+_ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
     "SUM": torch.add, "PROD": torch.mul, "MAX": torch.maximum, "MIN": torch.minimum, "SUB": torch.sub,
     "POW": torch.pow, "FLOOR_DIV": lambda a, b: torch.div(a, b, rounding_mode="floor"),
     "AND": torch.logical_and, "OR": torch.logical_or, "XOR": torch.logical_xor,
@@ -81,7 +91,7 @@ def elementwise(layer: Any, args: Values, raw: dict[str, np.ndarray]) -> list[to
     return [_ELEMENTWISE[op](a, b)]
 
 
-_UNARY = {
+_UNARY: dict[str, Callable[..., torch.Tensor]] = {
     "EXP": torch.exp, "LOG": torch.log, "SQRT": torch.sqrt, "RECIP": torch.reciprocal, "ABS": torch.abs,
     "NEG": torch.neg, "SIN": torch.sin, "COS": torch.cos, "TAN": torch.tan, "SINH": torch.sinh, "COSH": torch.cosh,
     "ASIN": torch.asin, "ACOS": torch.acos, "ATAN": torch.atan, "ASINH": torch.asinh, "ACOSH": torch.acosh,
@@ -261,7 +271,7 @@ def fill(layer: Any, args: Values, raw: dict[str, np.ndarray]) -> list[torch.Ten
     return [out]
 
 
-_REDUCE = {"SUM": torch.sum, "PROD": torch.prod, "MAX": torch.amax, "MIN": torch.amin, "AVG": torch.mean}
+_REDUCE: dict[str, Callable[..., torch.Tensor]] = {"SUM": torch.sum, "PROD": torch.prod, "MAX": torch.amax, "MIN": torch.amin, "AVG": torch.mean}
 
 
 @evaluates("REDUCE", "IReduceLayer")

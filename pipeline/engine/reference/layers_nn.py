@@ -11,7 +11,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.engine.reference.registry import ReferenceError, axes_of, dims, evaluates, name, torch_dtype, unknown, wide
+from pipeline.engine.reference.registry import (
+    ReferenceError,
+    axes_of,
+    dims,
+    evaluates,
+    name,
+    torch_dtype,
+    unknown,
+    wide,
+)
 
 Values = list[torch.Tensor | None]
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}

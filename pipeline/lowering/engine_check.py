@@ -1,0 +1,55 @@
+"""The compile step's check of each engine it builds: the values the example inputs give every node
+of a method (`example_values`), and each engine's network run on its share of them by the CPU
+reference executor against its graph run eagerly (`checked`), recorded in the engine's build
+statistics (`reference`) and said when it is off."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.network import GraphSource
+from pipeline.engine.reference.check import TOLERANCE, check_engine
+
+log = logging.getLogger("pipeline.lowering.compile")
+
+
+def example_values(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[torch.fx.Node, Any]:
+    """The value of every node of `gm` on the example inputs (run on a copy: buffers it writes, a
+    decoder's cache, stay as they were); {} where the graph does not run eagerly here."""
+    flat = tuple(torch.utils._pytree.tree_leaves(tuple(example_inputs)))
+    seen: dict[str, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            seen[n.name] = out = super().run_node(n)
+            return out
+
+    try:
+        with torch.no_grad():
+            Recorder(copy.deepcopy(gm)).run(*flat)
+    except Exception as exc:  # noqa: BLE001 - the model's own graph; the build goes on unchecked
+        log.warning("the reference check cannot run the graph eagerly (%s); engines are not checked", type(exc).__name__)
+        return {}
+    return {n: seen[n.name] for n in gm.graph.nodes if n.name in seen}
+
+
+def checked(source: GraphSource, spec: TensorRTCompileSpec, sub: torch.fx.GraphModule, call: torch.fx.Node,
+             values: dict[torch.fx.Node, Any], label: str) -> dict[str, Any]:
+    """The reference executor's check of one engine (`check_engine`), said when it fails."""
+    if not values or any(not isinstance(a, torch.fx.Node) or a not in values for a in call.args):
+        return {"skipped": "the example inputs did not reach this engine"}
+    found = check_engine(source, spec, sub, [values[a] for a in call.args])  # type: ignore[index]
+    tolerance = TOLERANCE[spec.precision]
+    if "skipped" in found:
+        log.warning("TensorRT %s: not checked by the reference executor: %s", label, found["skipped"])
+    elif not found["max_rel_error"] <= tolerance:
+        log.warning("TensorRT %s: its network computes %.3g from its graph run eagerly (relative to the largest output) "
+                    "on the CPU reference executor, above %g for %s: a converter built it wrong", label,
+                    found["max_rel_error"], tolerance, spec.precision)
+    return found
