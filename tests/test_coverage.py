@@ -44,6 +44,7 @@ def test_a_timm_architecture_outside_the_suite_lowers_whole_through_the_command(
                    capture_output=True, text=True, check=True)
     (row,) = json.loads((tmp_path / "coverage-fp32.json").read_text())["rows"]
     assert row["lowered_whole"] and row["engines"] == 1, row
+    assert row["reference_unchecked"] == 0 and row["reference_error"] < 1e-3, row  # the network against eager, on the CPU
 
 
 def test_fast_slice_lowers_whole_and_a_second_run_builds_nothing(tmp_path: Path) -> None:
@@ -52,6 +53,7 @@ def test_fast_slice_lowers_whole_and_a_second_run_builds_nothing(tmp_path: Path)
     table = json.loads((tmp_path / "coverage-fp32.json").read_text())
     assert table["summary"] == {"models": len(FAST), "lowered_whole": len(FAST), "failed": 0, "lowered_whole_pct": 100.0}
     assert all(r["engines"] == 1 and r["pte_mb"] > 0 for r in table["rows"]), table["rows"]
+    assert all(r["reference_unchecked"] == 0 and r["reference_error"] < 1e-3 for r in table["rows"]), table["rows"]
     markdown = (tmp_path / "coverage-fp32.md").read_text()
     assert "| model | precision | lowered whole |" in markdown and "timm/lcnet_050" in markdown
     again = subprocess.run(command, capture_output=True, text=True, check=True)

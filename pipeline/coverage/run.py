@@ -108,10 +108,14 @@ def build_row(entry: Entry, precision: str, keep: Path | None = None, overrides:
             shutil.move(Path(tmp) / "program", keep / "program")
             shutil.move(Path(tmp) / "report.json", keep / "report.json")
     left = [item for method in report.values() for item in method["left_over"]]
+    checks = [e.get("reference") or {} for method in report.values() for e in method["engines"]]
+    errors = [c["max_rel_error"] for c in checks if "max_rel_error" in c]
     return {
         "model": entry.name, "source": entry.source, "precision": precision, "status": "ok",
         "lowered_whole": not left,
         "engines": sum(m["num_engines"] for m in report.values()),
+        # each engine's network, run by the CPU reference executor, against its graph run eagerly
+        "reference_error": max(errors) if errors else None, "reference_unchecked": len(checks) - len(errors),
         "left_outside": dict(sorted(Counter(f"{i['op']}: {i['reason']}" for i in left).items())),
         "build_s": round(seconds, 1), "pte_mb": round(pte_mb, 2),
     }
@@ -257,12 +261,15 @@ def write_table(rows: list[dict[str, Any]], precision: str, out: Path, overrides
     also = f" with {' '.join(overrides)}" if overrides else ""
     lines = [f"{s['lowered_whole']} of {s['models']} models ({s['lowered_whole_pct']} %) lowered whole at {precision}{also}; "
              f"{s['failed']} failed.", "",
-             "| model | precision | lowered whole | engines | ops left outside (reason) | build s | .pte MB |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | precision | lowered whole | engines | ops left outside (reason) | reference error (CPU) | build s | .pte MB |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         outside = "; ".join(f"{k} (x{n})" for k, n in r["left_outside"].items()) if r["status"] == "ok" else r["status"]
+        error = "" if r.get("reference_error") is None else f"{r['reference_error']:.1e}"
+        if r.get("reference_unchecked"):
+            error += f" ({r['reference_unchecked']} unchecked)"
         lines.append(f"| {r['model']} | {r['precision']} | {'yes' if r['lowered_whole'] else 'no'} | {r['engines']} | "
-                     f"{outside.replace('|', '/')} | {r['build_s']} | {r['pte_mb']} |")
+                     f"{outside.replace('|', '/')} | {error} | {r['build_s']} | {r['pte_mb']} |")
     write_bytes(out / f"coverage-{precision}.md", ("\n".join(lines) + "\n").encode())
 
 

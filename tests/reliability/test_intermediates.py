@@ -5,6 +5,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -87,16 +88,27 @@ def test_damaged_intermediates_are_one_error(tmp_path: Path, data: bytes) -> Non
 
 
 def test_edge_loader_is_weights_only(tmp_path: Path) -> None:
+    """A real `.edge` archive (one that loads back as written) whose tensors were replaced by a pickle
+    that runs code: refused, and the code never runs. The archive is sound up to the tensors, so the
+    refusal comes from the weights-only load, not from an earlier check of the archive."""
+    from pipeline.steps.intermediates import save_edge
+    from tests.helpers import lower
+
+    edge, _ = lower(linear(0), (torch.randn(2, 8),))
+    (tmp_path / "good").mkdir()
+    save_edge(edge, ["forward"], tmp_path / "good")
+    load_edge(["forward"], tmp_path / "good")  # as written, it loads
+    archive = tmp_path / "good" / "forward.edge"
+    with zipfile.ZipFile(archive) as z:
+        pickled = [n for n in z.namelist() if n.endswith(".pt")]
+    assert pickled, "the archive has no torch.save'd part"
     marker = tmp_path / "ran"
     buffer = io.BytesIO()
     torch.save({"w": Payload(marker)}, buffer)
-    with zipfile.ZipFile(tmp_path / "forward.edge", "w") as z:
-        z.writestr("version", "0.1")
-        z.writestr("serialized_exported_program.json", b"{}")
-        for name in ("serialized_state_dict.pt", "serialized_constants.pt", "serialized_example_inputs.pt"):
-            z.writestr(name, buffer.getvalue())
+    shutil.copytree(tmp_path / "good", tmp_path / "bad")
+    _rewrite(archive, tmp_path / "bad" / archive.name, {name: buffer.getvalue() for name in pickled})
     with pytest.raises(ArtifactError):
-        load_edge(["forward"], tmp_path)
+        load_edge(["forward"], tmp_path / "bad")
     assert not marker.exists()
 
 

@@ -39,10 +39,11 @@ def _compile(cache: EngineCache, seed: int = 0, x: torch.Tensor = X, method: str
 
 
 def test_second_compile_takes_the_engine_from_the_cache(tmp_path: Path) -> None:
-    cache = EngineCache(str(tmp_path))
+    cache, second = EngineCache(str(tmp_path)), EngineCache(str(tmp_path))
     first = _compile(cache)
-    again = _compile(EngineCache(str(tmp_path)))
+    again = _compile(second)
     assert again == first and [e.hit for e in cache.events] == [False]
+    assert [e.hit for e in second.events] == [True]  # taken from the cache, not built again
     assert len(list(tmp_path.glob("*.engine"))) == 1
 
 
