@@ -27,7 +27,12 @@ from pipeline.runtime.engine_runner import EngineRunner, cuda_ready
 # see results/gpu-log.md), so whole-model checks allow 2e-2 at fp32 and fp16.
 MODEL_TOLERANCE = {"fp32": 2e-2, "fp16": 2e-2, "bf16": 6e-2}
 GPU = cuda_ready()
-gpu = pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
+
+
+def gpu(test: Any) -> Any:
+    """A numeric check that only a GPU can make: its own test, marked `gpu`, skipped visibly elsewhere."""
+    return pytest.mark.gpu(pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")(test))
+
 
 
 def lower(module: torch.nn.Module, inputs: Sequence[Any], spec: TensorRTCompileSpec | None = None,
@@ -135,11 +140,30 @@ def run_reference(edge: EdgeProgramManager, inputs: Sequence[Any], spec: TensorR
     return [ordered[r.args[1]] for r in results]
 
 
+def assert_engines_checked(program: Any, precision: str = "fp32") -> None:
+    """Every engine of a `compile_method` program was checked when built: its network, run by the CPU
+    reference executor on the values the example inputs gave it, is within the precision's tolerance
+    of its graph run eagerly (`lowering.engine_check`)."""
+    from pipeline.runtime.engine_op import is_engine_call
+
+    calls = [n for n in program.graph.nodes if is_engine_call(n)]
+    assert calls, "the program has no engine"
+    for call in calls:
+        found = blob.op_build_info(call.args[2])["reference"]
+        assert "max_rel_error" in found and found["max_rel_error"] <= TOLERANCE[precision], found
+
+
+# Where `check_converter` compares numbers: "cpu" (the reference executor) or "gpu" (the engine).
+# tests/tensorrt/converters/conftest.py runs every converter test once each way, the GPU run a test
+# of its own, marked `gpu` and skipped visibly without one.
+CHECK_ON = "cpu"
+
+
 def check_converter(module: torch.nn.Module, inputs: Sequence[Any], precision: str = "fp32",
                     dynamic_shapes: Any = None, **spec: Any) -> EdgeProgramManager:
-    """Lower a one-op model: everything in one engine, blob parses, and the engine's network, run by
-    the CPU reference executor, matches eager PyTorch at the precision's tolerance; on a GPU, the
-    engine itself does too."""
+    """Lower a one-op model: everything in one engine, blob parses, and its numbers match eager
+    PyTorch at the precision's tolerance: the engine's network run by the CPU reference executor, or
+    (`CHECK_ON` "gpu") the engine run by TensorRT."""
     torch.manual_seed(0)
     compile_spec = TensorRTCompileSpec(precision=precision, **spec)
     edge, _ = lower(module, inputs, compile_spec, dynamic_shapes=dynamic_shapes)
@@ -151,13 +175,10 @@ def check_converter(module: torch.nn.Module, inputs: Sequence[Any], precision: s
     with torch.no_grad():
         ref = module(*inputs)
     refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-    for o, r in zip(run_reference(edge, inputs, compile_spec), refs):
+    outs = run_engines(edge, inputs) if CHECK_ON == "gpu" else run_reference(edge, inputs, compile_spec)
+    for o, r in zip(outs, refs):
         assert_not_degenerate(r)
         assert_close(o, r, precision)
-    if GPU:
-        outs = run_engines(edge, inputs)
-        for o, r in zip(outs, refs):
-            assert_close(o, r, precision)
     return edge
 
 

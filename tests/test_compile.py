@@ -13,7 +13,7 @@ from pipeline.errors import CompileSpecError, RuntimeUnavailableError
 from pipeline.lowering.compile import compile_method
 from pipeline.models.decoder import MethodView, tiny_decoder
 from pipeline.runtime.engine_op import is_engine_call
-from tests.helpers import GPU, MIXED_SPEC, MODEL_TOLERANCE, Mixed, assert_close
+from tests.helpers import GPU, MIXED_SPEC, MODEL_TOLERANCE, Mixed, assert_close, assert_engines_checked, gpu
 from tests.helpers import MIXED_INPUT as X
 
 
@@ -64,17 +64,24 @@ class SizeTwice(torch.nn.Module):
         return y * torch.full((2, n, 4), 2.0) + torch.arange(2 * n + 1)[:n].float()[:, None]
 
 
+def _size_twice() -> torch.export.ExportedProgram:
+    return compile_method(SizeTwice(), (torch.randn(2, 7, 4),), TensorRTCompileSpec(torch_executed_ops=("aten.relu.default",)),
+                          dynamic_shapes=({1: Dim("tokens", min=1, max=64)},))
+
+
 def test_a_size_two_engines_use_is_computed_in_each() -> None:
-    x = torch.randn(2, 7, 4)
-    program = compile_method(SizeTwice(), (x,), TensorRTCompileSpec(torch_executed_ops=("aten.relu.default",)),
-                             dynamic_shapes=({1: Dim("tokens", min=1, max=64)},))
+    program = _size_twice()
     calls = _calls(program)
     assert len(calls) == 2
     for call in calls:
         assert all(isinstance(arg.meta["val"], torch.Tensor) for arg in call.args[0])
-    if GPU:
-        x = torch.randn(2, 11, 4)
-        assert_close(program.module()(x.cuda()), SizeTwice()(x), "fp32")
+    assert_engines_checked(program)
+
+
+@gpu
+def test_a_size_two_engines_use_is_computed_in_each_on_the_gpu() -> None:
+    x = torch.randn(2, 11, 4)
+    assert_close(_size_twice().module()(x.cuda()), SizeTwice()(x), "fp32")
 
 
 class Gated(torch.nn.Module):
@@ -99,6 +106,7 @@ class Gated(torch.nn.Module):
 def test_values_only_engines_touch_are_held_channels_last(dtype: torch.dtype) -> None:
     model, x = Gated().eval().to(dtype), torch.randn(1, 3, 12, 10, dtype=dtype)
     program = compile_method(model, (x,), TensorRTCompileSpec(torch_executed_ops=("aten.hardsigmoid",)))
+    assert_engines_checked(program, "fp32" if dtype == torch.float32 else "fp16")
     calls = _calls(program)
     assert len(calls) == 3
     layouts: dict[str, set[str]] = {}  # program value -> the layouts its bindings give it
@@ -115,11 +123,17 @@ def test_values_only_engines_touch_are_held_channels_last(dtype: torch.dtype) ->
     (y,) = held  # the first feature map: the gate's mean is 1 x 1, the second map reaches a kernel and the output
     assert tuple(nodes[y].meta["val"].shape) == (1, 16, 12, 10)
     assert all(is_engine_call(u) for u in nodes[y].users)
-    if GPU:
-        with torch.no_grad():
-            want = model.float()(x.float())
-        for got, ref in zip(program.module()(x.cuda()), want):  # TensorRT-RTX's fp32 convolutions: TF32's error
-            assert_close(got.float(), ref, "fp32" if dtype == torch.float32 else "fp16", MODEL_TOLERANCE)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_values_only_engines_touch_run_channels_last_on_the_gpu(dtype: torch.dtype) -> None:
+    model, x = Gated().eval().to(dtype), torch.randn(1, 3, 12, 10, dtype=dtype)
+    program = compile_method(model, (x,), TensorRTCompileSpec(torch_executed_ops=("aten.hardsigmoid",)))
+    with torch.no_grad():
+        want = model.float()(x.float())
+    for got, ref in zip(program.module()(x.cuda()), want):  # TensorRT-RTX's fp32 convolutions: TF32's error
+        assert_close(got.float(), ref, "fp32" if dtype == torch.float32 else "fp16", MODEL_TOLERANCE)
 
 
 def test_a_profile_naming_no_dynamic_dim_is_one_line() -> None:

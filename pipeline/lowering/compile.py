@@ -274,9 +274,9 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
     fused = fuse_by_partitions(gm, [dict.fromkeys(block) for block in blocks], prefix="fused_")
     calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
     channels_last = _between_engines(fused, calls)
-    values = example_values(fused, example_inputs) if calls else {}
+    values = example_values(fused, calls, example_inputs)  # before any call is replaced: its arguments as made
     plans = [_replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}",
-                                  cache, state, channels_last[node], values)
+                                  cache, state, channels_last[node], values.get(node))
              for count, node in enumerate(calls)]  # the label is the progress line: "engine 3/12 of method ..."
     fused.graph.eliminate_dead_code()
     fused.delete_all_unused_submodules()
@@ -322,7 +322,7 @@ def _constant_work_left(gm: torch.fx.GraphModule, blocks: list[list[torch.fx.Nod
 
 def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: dict[Any, Any],
                          spec: TensorRTCompileSpec, label: str, cache: EngineCache | None, state: frozenset[str],
-                         channels_last: frozenset[str], values: dict[torch.fx.Node, Any]) -> quantize.QuantizationPlan:
+                         channels_last: frozenset[str], values: dict[str, Any] | None) -> quantize.QuantizationPlan:
     sub: torch.fx.GraphModule = getattr(gm, call.target)  # type: ignore[arg-type]
     for ph, arg in zip([n for n in sub.graph.nodes if n.op == "placeholder"], call.args):
         assert isinstance(arg, torch.fx.Node)
@@ -350,7 +350,7 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
     plan = quantize.plan(source, spec.quantize)
     stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine),
              "profiles": profile_count(built.metadata, spec), "quantized": plan.summary(),
-             "reference": checked(source, spec, sub, call, values, label)}
+             "reference": checked(source, spec, sub, values, label)}
     metadata = blob.encode_op_metadata(built.metadata, shapes, stats)
     engine = torch.frombuffer(bytearray(built.engine), dtype=torch.uint8)
     name = f"_tensorrt_engine_{content_digest(engine)}"  # by content, as every constant the compile step makes

@@ -19,9 +19,13 @@ from pipeline.engine.reference.check import TOLERANCE, check_engine
 log = logging.getLogger("pipeline.lowering.compile")
 
 
-def example_values(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[torch.fx.Node, Any]:
-    """The value of every node of `gm` on the example inputs (run on a copy: buffers it writes, a
-    decoder's cache, stay as they were); {} where the graph does not run eagerly here."""
+def example_values(gm: torch.fx.GraphModule, calls: Sequence[torch.fx.Node],
+                   example_inputs: Sequence[Any]) -> dict[torch.fx.Node, dict[str, Any]]:
+    """Per engine call of `gm`, the value of each of its subgraph's placeholders (by name) on the
+    example inputs (run on a copy: buffers it writes, a decoder's cache, stay as they were); none
+    where the graph does not run eagerly here."""
+    if not calls:
+        return {}
     flat = tuple(torch.utils._pytree.tree_leaves(tuple(example_inputs)))
     seen: dict[str, Any] = {}
 
@@ -36,15 +40,22 @@ def example_values(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> d
     except Exception as exc:  # noqa: BLE001 - the model's own graph; the build goes on unchecked
         log.warning("the reference check cannot run the graph eagerly (%s); engines are not checked", type(exc).__name__)
         return {}
-    return {n: seen[n.name] for n in gm.graph.nodes if n.name in seen}
+    out = {}
+    for call in calls:
+        sub: torch.fx.GraphModule = getattr(gm, str(call.target))
+        placeholders = [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+        out[call] = {ph: seen[a.name] for ph, a in zip(placeholders, call.args) if isinstance(a, torch.fx.Node) and a.name in seen}
+    return out
 
 
-def checked(source: GraphSource, spec: TensorRTCompileSpec, sub: torch.fx.GraphModule, call: torch.fx.Node,
-             values: dict[torch.fx.Node, Any], label: str) -> dict[str, Any]:
-    """The reference executor's check of one engine (`check_engine`), said when it fails."""
-    if not values or any(not isinstance(a, torch.fx.Node) or a not in values for a in call.args):
+def checked(source: GraphSource, spec: TensorRTCompileSpec, sub: torch.fx.GraphModule, values: dict[str, Any] | None,
+            label: str) -> dict[str, Any]:
+    """The reference executor's check of one engine (`check_engine`) on the values its placeholders
+    had, said when it fails."""
+    placeholders = [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+    if not values or any(ph not in values for ph in placeholders):
         return {"skipped": "the example inputs did not reach this engine"}
-    found = check_engine(source, spec, sub, [values[a] for a in call.args])  # type: ignore[index]
+    found = check_engine(source, spec, sub, [values[ph] for ph in placeholders])
     tolerance = TOLERANCE[spec.precision]
     if "skipped" in found:
         log.warning("TensorRT %s: not checked by the reference executor: %s", label, found["skipped"])

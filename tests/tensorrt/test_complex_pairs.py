@@ -8,7 +8,7 @@ from torch.export import Dim
 from pipeline.lowering.compile import compile_method, drop_metadata_asserts, export_method
 from pipeline.lowering.complex_pairs import complex_as_pairs
 from pipeline.runtime.engine_op import is_engine_call
-from tests.helpers import GPU, assert_close, assert_not_degenerate
+from tests.helpers import assert_close, assert_engines_checked, assert_not_degenerate, gpu
 
 
 class ComplexRotary(torch.nn.Module):
@@ -59,6 +59,12 @@ def test_a_complex_rotary_embedding_lowers_into_one_engine() -> None:
     left = [str(n.target) for n in program.graph.nodes
             if n.op == "call_function" and not is_engine_call(n) and "getitem" not in str(n.target)]
     assert sum(is_engine_call(n) for n in program.graph.nodes) == 1 and left == []
-    if GPU:
-        x, start = torch.randn(1, 9, 16), torch.tensor([2])
-        assert_close(program.module()(x.cuda(), start.cuda()), module(x, start), "fp32")
+    assert_engines_checked(program)
+
+
+@gpu
+def test_a_complex_rotary_embedding_runs_on_the_gpu() -> None:
+    module = ComplexRotary().eval()
+    program = compile_method(module, INPUTS, dynamic_shapes=DYNAMIC)
+    x, start = torch.randn(1, 9, 16), torch.tensor([2])
+    assert_close(program.module()(x.cuda(), start.cuda()), module(x, start), "fp32")

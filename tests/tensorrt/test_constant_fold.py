@@ -8,7 +8,7 @@ from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.lowering.compile import compile_method
 from pipeline.lowering.constant_fold import fold_constants
 from pipeline.runtime.engine_op import is_engine_call
-from tests.helpers import GPU, assert_close
+from tests.helpers import assert_close, assert_engines_checked, gpu
 
 
 class Tables(torch.nn.Module):
@@ -44,8 +44,13 @@ def test_folded_model_lowers_to_one_engine() -> None:
     calls = [n for n in program.graph.nodes if is_engine_call(n)]
     left = [n for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n) and "getitem" not in str(n.target)]
     assert len(calls) == 1 and left == []
-    if GPU:
-        assert_close(program.module()(x.cuda()), model(x), "fp32")
+    assert_engines_checked(program)
+
+
+@gpu
+def test_folded_model_runs_on_the_gpu() -> None:
+    model, x = Tables(), torch.randn(1, 4, 9, 9)
+    assert_close(compile_method(model, (x,)).module()(x.cuda()), model(x), "fp32")
 
 
 def test_large_results_stay_operators() -> None:
@@ -87,8 +92,13 @@ def test_convolutions_on_constants_stay_in_the_engine() -> None:
     program = compile_method(model, (x,))
     assert [n for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n)
             and "getitem" not in str(n.target)] == []
-    if GPU:
-        assert_close(program.module()(x.cuda()), model(x), "fp32")
+    assert_engines_checked(program)
+
+
+@gpu
+def test_convolutions_on_constants_run_on_the_gpu() -> None:
+    model, x = PositionEncoding().eval(), torch.randn(1, 16, 4, 4)
+    assert_close(compile_method(model, (x,)).module()(x.cuda()), model(x), "fp32")
 
 
 @pytest.mark.parametrize(("alone", "min_block_size"), [(True, 1), (False, 3)], ids=["no-input", "below-min-block"])

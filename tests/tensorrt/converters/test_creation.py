@@ -12,7 +12,8 @@ from torch.export import Dim
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.lowering.compile import compile_method
 from pipeline.runtime.engine_op import is_engine_call
-from tests.helpers import GPU, Fn, assert_close, check_converter, lower
+from tests import helpers
+from tests.helpers import Fn, assert_close, assert_engines_checked, check_converter, lower
 
 TOKENS = torch.randint(0, 50, (1, 7))
 CASES = {
@@ -50,7 +51,8 @@ def test_an_empty_buffer_written_whole_stays_in_the_engine() -> None:
     program = compile_method(module, (x,), dynamic_shapes=(({1: Dim("tokens", min=1, max=64)},),))
     assert [str(n.target) for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n)
             and "getitem" not in str(n.target)] == []
-    if GPU:
+    assert_engines_checked(program)
+    if helpers.CHECK_ON == "gpu":  # [gpu]: the engine itself
         x = torch.randn(2, 11, 4)
         assert_close(program.module()(x.cuda()), module(x), "fp32")
 
@@ -70,7 +72,8 @@ def test_positions_from_numbers_read_out_of_a_tensor_stay_in_the_engine() -> Non
     outside = [str(n.target) for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n)
                and "getitem" not in str(n.target)]
     assert outside == [], outside  # the numbers, and the assertions only they fed, are gone from outside
-    if GPU:
+    assert_engines_checked(program)
+    if helpers.CHECK_ON == "gpu":  # [gpu]: the engine itself
         x, start = torch.randn(1, 11, 4), torch.tensor([5])
         assert_close(program.module()(x.cuda(), start.cuda()), Positions()(x, start), "fp32")
 
@@ -83,6 +86,7 @@ def test_a_number_the_op_outside_reads_is_read_outside() -> None:
     program = compile_method(Positions(), (x, start), spec, dynamic_shapes=({1: Dim("tokens", min=1, max=64)}, None))
     outside = {str(n.target) for n in program.graph.nodes if n.op == "call_function" and not is_engine_call(n)}
     assert {"aten._local_scalar_dense.default", "aten.arange.start_step"} <= outside, outside
-    if GPU:
+    assert_engines_checked(program)
+    if helpers.CHECK_ON == "gpu":  # [gpu]: the engine itself
         x, start = torch.randn(1, 11, 4), torch.tensor([5])
         assert_close(program.module()(x.cuda(), start.cuda()), Positions()(x, start), "fp32")
