@@ -274,7 +274,7 @@ def _replace_partitions(gm: torch.fx.GraphModule, ranges: dict[Any, Any], spec: 
     fused = fuse_by_partitions(gm, [dict.fromkeys(block) for block in blocks], prefix="fused_")
     calls = [n for n in fused.graph.nodes if n.op == "call_module" and n.target.startswith("fused_")]
     channels_last = _between_engines(fused, calls)
-    values = example_values(fused, calls, example_inputs)  # before any call is replaced: its arguments as made
+    values = example_values(fused, calls, example_inputs, bool(state))  # before any call is replaced: its arguments as made
     plans = [_replace_with_engine(fused, node, ranges, spec, f"engine {count + 1}/{len(calls)} of method {method!r}",
                                   cache, state, channels_last[node], values.get(node))
              for count, node in enumerate(calls)]  # the label is the progress line: "engine 3/12 of method ..."

@@ -19,24 +19,27 @@ from pipeline.engine.reference.check import TOLERANCE, check_engine
 log = logging.getLogger("pipeline.lowering.compile")
 
 
-def example_values(gm: torch.fx.GraphModule, calls: Sequence[torch.fx.Node],
-                   example_inputs: Sequence[Any]) -> dict[torch.fx.Node, dict[str, Any]]:
+def example_values(gm: torch.fx.GraphModule, calls: Sequence[torch.fx.Node], example_inputs: Sequence[Any],
+                   writes: bool = True) -> dict[torch.fx.Node, dict[str, Any]]:
     """Per engine call of `gm`, the value of each of its subgraph's placeholders (by name) on the
-    example inputs (run on a copy: buffers it writes, a decoder's cache, stay as they were); none
-    where the graph does not run eagerly here."""
+    example inputs (where the graph `writes` buffers, a decoder's cache, run on a copy, so they stay
+    as they were); none where the graph does not run eagerly here."""
     if not calls:
         return {}
     flat = tuple(torch.utils._pytree.tree_leaves(tuple(example_inputs)))
+    needed = {a.name for call in calls for a in call.args if isinstance(a, torch.fx.Node)}
     seen: dict[str, Any] = {}
 
-    class Recorder(torch.fx.Interpreter):
+    class Recorder(torch.fx.Interpreter):  # keeps the engines' arguments only (a decoder's activations are large)
         def run_node(self, n: torch.fx.Node) -> Any:
-            seen[n.name] = out = super().run_node(n)
+            out = super().run_node(n)
+            if n.name in needed:
+                seen[n.name] = out
             return out
 
     try:
         with torch.no_grad():
-            Recorder(copy.deepcopy(gm)).run(*flat)
+            Recorder(copy.deepcopy(gm) if writes else gm).run(*flat)
     except Exception as exc:  # noqa: BLE001 - the model's own graph; the build goes on unchecked
         log.warning("the reference check cannot run the graph eagerly (%s); engines are not checked", type(exc).__name__)
         return {}
