@@ -114,10 +114,13 @@ def run_engines(edge: EdgeProgramManager, inputs: Sequence[torch.Tensor]) -> lis
     runner = EngineRunner(engine, meta.io_bindings)
     out = runner(*[by_name[b.name] for b in meta.inputs])
     torch.cuda.synchronize()
-    # Program outputs are getitems of the delegate call, not necessarily in engine-output order.
-    graph = edge.exported_program().graph
-    results = next(n for n in graph.nodes if n.op == "output").args[0]
-    return [out[r.args[1]] for r in results]
+    return _in_program_order(edge, out)
+
+
+def _in_program_order(edge: EdgeProgramManager, engine_outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Program outputs are getitems of the delegate call, not necessarily in engine-output order."""
+    results = next(n for n in edge.exported_program().graph.nodes if n.op == "output").args[0]
+    return [engine_outputs[r.args[1]] for r in results]
 
 
 def run_reference(edge: EdgeProgramManager, inputs: Sequence[Any], spec: TensorRTCompileSpec) -> list[torch.Tensor]:
@@ -135,9 +138,7 @@ def run_reference(edge: EdgeProgramManager, inputs: Sequence[Any], spec: TensorR
     definition = define_network(builder, lowered, spec)
     outs = run_network(definition.network, {b.name: by_name[b.name] for b in definition.bindings if b.is_input},
                        definition.ctx.raw_weights)
-    ordered = [outs[b.name] for b in definition.bindings if not b.is_input]
-    results = next(n for n in program.graph.nodes if n.op == "output").args[0]
-    return [ordered[r.args[1]] for r in results]
+    return _in_program_order(edge, [outs[b.name] for b in definition.bindings if not b.is_input])
 
 
 def assert_engines_checked(program: Any, precision: str = "fp32") -> None:

@@ -13,6 +13,7 @@ import torch
 
 from pipeline.engine.reference.registry import (
     ReferenceError,
+    Values,
     axes_of,
     dims,
     evaluates,
@@ -22,8 +23,6 @@ from pipeline.engine.reference.registry import (
     wide,
 )
 from pipeline.engine.trt_api import trt
-
-Values = list[torch.Tensor | None]
 
 
 def _given(args: Values, k: int) -> torch.Tensor | None:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from pipeline.engine.reference.registry import (
     ReferenceError,
+    Values,
     axes_of,
     dims,
     evaluates,
@@ -22,9 +23,10 @@ from pipeline.engine.reference.registry import (
     wide,
 )
 
-Values = list[torch.Tensor | None]
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _DECONV = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
 def _pads(layer: Any, spatial: int) -> tuple[list[int], list[int]]:
@@ -36,17 +38,22 @@ def _torch_pad(pre: list[int], post: list[int]) -> list[int]:
     return [p for a in reversed(range(len(pre))) for p in (pre[a], post[a])]
 
 
-@evaluates("CONVOLUTION", "IConvolutionLayer")
-def convolution(layer: Any, args: Values, raw: dict[str, np.ndarray]) -> list[torch.Tensor]:
-    x, kernel, bias = wide(args[0]), args[1], args[2] if len(args) > 2 else None  # type: ignore[arg-type]
+def _operands(layer: Any, args: Values) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """A (de)convolution's input, kernel and bias (given as inputs 1 and 2) and its spatial rank."""
+    x, kernel, bias = args[0], args[1], args[2] if len(args) > 2 else None
     if kernel is None:
         raise unknown(layer, "a kernel given as weights, not as input", 1)
-    spatial = x.dim() - 2
+    assert x is not None
+    return wide(x), wide(kernel), None if bias is None else wide(bias), x.dim() - 2
+
+
+@evaluates("CONVOLUTION", "IConvolutionLayer")
+def convolution(layer: Any, args: Values, raw: dict[str, np.ndarray]) -> list[torch.Tensor]:
+    x, kernel, bias, spatial = _operands(layer, args)
     if name(layer.padding_mode) not in ("EXPLICIT_ROUND_DOWN",):
         raise unknown(layer, "padding mode", name(layer.padding_mode))
     pre, post = _pads(layer, spatial)
-    x = F.pad(x, _torch_pad(pre, post))
-    out = _CONV[spatial](x, wide(kernel), None if bias is None else wide(bias), dims(layer.stride_nd)[:spatial], 0,
+    out = _CONV[spatial](F.pad(x, _torch_pad(pre, post)), kernel, bias, dims(layer.stride_nd)[:spatial], 0,
                          dims(layer.dilation_nd)[:spatial], int(layer.num_groups))
     return [out]
 
@@ -54,13 +61,10 @@ def convolution(layer: Any, args: Values, raw: dict[str, np.ndarray]) -> list[to
 @evaluates("DECONVOLUTION", "IDeconvolutionLayer")
 def deconvolution(layer: Any, args: Values, raw: dict[str, np.ndarray]) -> list[torch.Tensor]:
     """The transposed convolution of the whole input, then `pre_padding` / `post_padding` cropped."""
-    x, kernel, bias = wide(args[0]), args[1], args[2] if len(args) > 2 else None  # type: ignore[arg-type]
-    if kernel is None:
-        raise unknown(layer, "a kernel given as weights, not as input", 1)
-    spatial = x.dim() - 2
+    x, kernel, bias, spatial = _operands(layer, args)
     pre, post = _pads(layer, spatial)
-    out = _DECONV[spatial](x, wide(kernel), None if bias is None else wide(bias), dims(layer.stride_nd)[:spatial], 0, 0,
-                           int(layer.num_groups), dims(layer.dilation_nd)[:spatial])
+    out = _DECONV[spatial](x, kernel, bias, dims(layer.stride_nd)[:spatial], 0, 0, int(layer.num_groups),
+                           dims(layer.dilation_nd)[:spatial])
     for a in range(spatial):
         out = out.narrow(2 + a, pre[a], out.shape[2 + a] - pre[a] - post[a])
     return [out]
@@ -79,26 +83,19 @@ def pooling(layer: Any, args: Values, raw: dict[str, np.ndarray]) -> list[torch.
     spatial = len(window)
     stride = dims(layer.stride_nd)[:spatial]
     pre, post = _pads(layer, spatial)
-    extra = []
+    extra = []  # past the padding: what the windows a round-up adds reach
     for a in range(spatial):
         span = x.shape[2 + a] + pre[a] + post[a] - window[a]
-        count = (-(-span // stride[a]) if mode == "EXPLICIT_ROUND_UP" else span // stride[a]) + 1
-        extra.append(max((count - 1) * stride[a] + window[a] - span - window[a], 0))
-    inside = torch.ones_like(x[:1, :1])
-    padded_region = F.pad(inside, _torch_pad(pre, post), value=1.0)
+        windows = -(-span // stride[a]) if mode == "EXPLICIT_ROUND_UP" else span // stride[a]
+        extra.append(max(windows * stride[a] - span, 0))
+    reach = _torch_pad(pre, [p + e for p, e in zip(post, extra)])
     if kind == "MAX":
-        out = F.pad(x, _torch_pad(pre, [p + e for p, e in zip(post, extra)]), value=-math.inf)
-        return [F.max_pool2d(out, window, stride) if spatial == 2 else _pool(out, window, stride, F.max_pool1d, F.max_pool3d)]
-    summed = F.pad(x, _torch_pad(pre, [p + e for p, e in zip(post, extra)]))
-    counted = F.pad(F.pad(inside, _torch_pad(pre, post)) if layer.average_count_excludes_padding else padded_region,
+        return [_MAX_POOL[spatial](F.pad(x, reach, value=-math.inf), window, stride)]
+    inside = torch.ones_like(x[:1, :1])
+    counted = F.pad(F.pad(inside, _torch_pad(pre, post), value=0.0 if layer.average_count_excludes_padding else 1.0),
                     _torch_pad([0] * spatial, extra))
-    size = math.prod(window)
-    avg = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[spatial]
-    return [avg(summed, window, stride) * size / (avg(counted, window, stride) * size)]
-
-
-def _pool(x: torch.Tensor, window: list[int], stride: list[int], one: Any, three: Any) -> torch.Tensor:
-    return one(x, window, stride) if len(window) == 1 else three(x, window, stride)
+    avg = _AVG_POOL[spatial]
+    return [avg(F.pad(x, reach), window, stride) / avg(counted, window, stride)]
 
 
 def _source(layer: Any, i: torch.Tensor, n: int, m: int, scale: float) -> torch.Tensor:

@@ -18,9 +18,11 @@ class ReferenceError(PipelineError, ValueError):
     """The reference executor met a layer (or an attribute of one) it does not evaluate."""
 
 
-# An evaluator: (the layer, cast to its class; its input values, None for an input not set;
-# the raw bytes of constants NumPy lacks) -> its output values.
-Evaluator = Callable[[Any, list[torch.Tensor | None], dict[str, np.ndarray]], Sequence[torch.Tensor]]
+# A layer's input values, None for an input not set.
+Values = list[torch.Tensor | None]
+# An evaluator: (the layer, cast to its class; its input values; the raw bytes of constants NumPy
+# lacks) -> its output values.
+Evaluator = Callable[[Any, Values, dict[str, np.ndarray]], Sequence[torch.Tensor]]
 EVALUATORS: dict[str, tuple[str, Evaluator]] = {}  # LayerType name -> (its class name, evaluator)
 
 
