@@ -28,17 +28,22 @@ def flatbuffer_tables() -> ModuleType:
 
 
 def portable_lib() -> ModuleType:
-    """ExecuTorch's Python runtime (`_portable_lib`); raises ImportError where it does not load."""
-    from executorch.extension.pybindings import _portable_lib
-
-    return _portable_lib
+    """ExecuTorch's Python runtime: 1.4.1's `_portable_lib`, else 1.5's `_C` (the same API, which also
+    loads under a torch other than the one it was built for, and is what the native delegate is built
+    against); raises ImportError naming why neither loads."""
+    try:
+        from executorch.extension.pybindings import _portable_lib as lib
+    except ImportError as old:
+        try:
+            from executorch.extension.pybindings import _C as lib
+        except ImportError as new:
+            raise ImportError(f"_portable_lib: {old}; _C: {new}") from new
+    return lib
 
 
 def operator_names() -> list[str]:
     """The operators ExecuTorch's runtime library has kernels for; raises where it does not load."""
-    from executorch.extension.pybindings import portable_lib as lib
-
-    return list(lib._get_operator_names())
+    return list(portable_lib()._get_operator_names())
 
 
 def decomposition_table() -> dict[Any, Any]:
@@ -55,9 +60,18 @@ def flat_tensor(data: bytes) -> Any:
     return _deserialize_to_flat_tensor(data)
 
 
-def load_module(pte: str, ptd: str) -> Any:
-    """A program with its `.ptd` in ExecuTorch's Python runtime (1.4.1's `Runtime` takes no data file)."""
-    return portable_lib()._load_for_executorch(pte, data_path=ptd)
+def load_module(pte: str, ptd: str | None = None) -> Any:
+    """A program (with its `.ptd`) in ExecuTorch's Python runtime (1.4.1's `Runtime` takes no data file)."""
+    return portable_lib()._load_for_executorch(pte, data_path=ptd) if ptd else portable_lib()._load_for_executorch(pte)
+
+
+def load_program(pte: str) -> Any:
+    """A program in ExecuTorch's Python runtime whose methods load one by one (`load_method(name)`, each
+    callable on a list of inputs): what `executorch.runtime.Runtime.load_program` gives, read through
+    whichever runtime module loads here."""
+    lib = portable_lib()
+    return lib._load_program(pte, enable_etdump=False, debug_buffer_size=0,
+                             program_verification=lib.Verification.InternalConsistency)
 
 
 def registered_backends() -> list[str]:

@@ -66,10 +66,16 @@ def setup(doc: str | None) -> tuple[Any, Layout]:
     return cfg, Layout.of(cfg, args.target)
 
 
-def run(main: Callable[[], None]) -> None:
-    """Run a stage's `main`; an error is one line on stderr and exit status 2. Its outputs are complete
-    when `main` returns, so the interpreter's last collections over torch's and ExecuTorch's module
-    graph (1-2 s of every stage's exit) are skipped: what is left is frozen (`gc.freeze`)."""
+def run(main: Callable[[], None], warm: bool = False) -> None:
+    """Run a stage's `main`; an error is one line on stderr and exit status 2. A stage that imports
+    torch and ExecuTorch (`warm`) runs in a fork of the warm stage server, which imported them once
+    (`pipeline.stage_server`), where one is reachable. Its outputs are complete when `main` returns,
+    so the interpreter's last collections over torch's and ExecuTorch's module graph (1-2 s of every
+    stage's exit) are skipped: what is left is frozen (`gc.freeze`)."""
+    if warm:
+        from pipeline.stage_server import hand_over
+
+        hand_over()
     with reported():
         main()
     gc.freeze()

@@ -14,4 +14,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run(main)
+    run(main, warm=True)

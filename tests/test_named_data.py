@@ -18,6 +18,7 @@ from pipeline.config.compose import compose, typed
 from pipeline.delegate import blob, pte, record
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.errors import BlobFormatError, ExportError
+from pipeline.executorch_api import load_module
 from pipeline.lowering.compile import compile_method
 from pipeline.lowering.export import stage
 from pipeline.lowering.serialize import save
@@ -138,9 +139,8 @@ def test_executorch_reads_the_program_with_its_data(written: dict[bool, dict[str
     """ExecuTorch's runtime loads the program with its `.ptd` (data map included), runs its record,
     gives every method's metadata, and stops only at the TensorRT backend it has not registered;
     ExecuTorch's serializers find every engine key the blobs name."""
-    runtime = pytest.importorskip("executorch.extension.pybindings.portable_lib", exc_type=ImportError)
     files = written[True]
-    module = runtime._load_for_executorch(str(files["pte"]), data_path=str(files["ptd"]))
+    module = load_module(str(files["pte"]), str(files["ptd"]))
     assert set(module.method_names()) == {"forward", "again", "head", record.METHOD}
     (text,) = module.run_method(record.METHOD, [])
     assert text.startswith(record.PREFIX.decode()) and record.sha256(files["ptd"].read_bytes()) in text

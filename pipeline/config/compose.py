@@ -178,4 +178,7 @@ def _get(data: Any, key: str) -> Any:
 
 
 if __name__ == "__main__":
+    from pipeline.stage_server import hand_over
+
+    hand_over()  # compose imports torch to check the params: the stages after it fork that interpreter
     main()

@@ -110,12 +110,15 @@ def build_row(entry: Entry, precision: str, keep: Path | None = None, overrides:
     left = [item for method in report.values() for item in method["left_over"]]
     checks = [e.get("reference") or {} for method in report.values() for e in method["engines"]]
     errors = [c["max_rel_error"] for c in checks if "max_rel_error" in c]
+    on_gpu = [c["tensorrt_rel_error"] for c in checks if "tensorrt_rel_error" in c]
     return {
         "model": entry.name, "source": entry.source, "precision": precision, "status": "ok",
         "lowered_whole": not left,
         "engines": sum(m["num_engines"] for m in report.values()),
         # each engine's network, run by the CPU reference executor, against its graph run eagerly
         "reference_error": max(errors) if errors else None, "reference_unchecked": len(checks) - len(errors),
+        # where built on a GPU: each engine run by TensorRT against the reference executor, same inputs
+        "tensorrt_error": max(on_gpu) if on_gpu else None,
         "left_outside": dict(sorted(Counter(f"{i['op']}: {i['reason']}" for i in left).items())),
         "build_s": round(seconds, 1), "pte_mb": round(pte_mb, 2),
     }
@@ -268,6 +271,8 @@ def write_table(rows: list[dict[str, Any]], precision: str, out: Path, overrides
         error = "" if r.get("reference_error") is None else f"{r['reference_error']:.1e}"
         if r.get("reference_unchecked"):
             error += f" ({r['reference_unchecked']} unchecked)"
+        if r.get("tensorrt_error") is not None:
+            error += f"; TensorRT (GPU) {r['tensorrt_error']:.1e} from it"
         lines.append(f"| {r['model']} | {r['precision']} | {'yes' if r['lowered_whole'] else 'no'} | {r['engines']} | "
                      f"{outside.replace('|', '/')} | {error} | {r['build_s']} | {r['pte_mb']} |")
     write_bytes(out / f"coverage-{precision}.md", ("\n".join(lines) + "\n").encode())

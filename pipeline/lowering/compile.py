@@ -350,7 +350,7 @@ def _replace_with_engine(gm: torch.fx.GraphModule, call: torch.fx.Node, ranges: 
     plan = quantize.plan(source, spec.quantize)
     stats = {"num_layers": built.num_layers, "engine_bytes": len(built.engine),
              "profiles": profile_count(built.metadata, spec), "quantized": plan.summary(),
-             "reference": checked(source, spec, sub, values, label)}
+             "reference": checked(source, spec, sub, values, label, built)}
     metadata = blob.encode_op_metadata(built.metadata, shapes, stats)
     engine = torch.frombuffer(bytearray(built.engine), dtype=torch.uint8)
     name = f"_tensorrt_engine_{content_digest(engine)}"  # by content, as every constant the compile step makes

@@ -78,12 +78,10 @@ class ExecuTorchProgram:
         self.options = options
         self.backend = load_backend()
         self._methods: dict[str, NativeMethod] = {}
-        from executorch.runtime import Runtime
-
-        from pipeline.executorch_api import load_module
+        from pipeline.executorch_api import load_module, load_program
 
         if ptd is None:
-            self._program = Runtime.get().load_program(Path(pte))
+            self._program = load_program(str(pte))
             self._module = None
         else:
             if _shared_state(file.program):
@@ -135,7 +133,7 @@ class ExecuTorchProgram:
             line = self.backend.pipeline_trt_last_error().decode()
             raise RuntimeUnavailableError(line or f"ExecuTorch's runtime could not load method {name!r} of "
                                                   f"{self.where} ({exc})") from exc
-        return method.execute
+        return lambda inputs: method(list(inputs))
 
 
 def _shared_state(program: Any) -> set[str]:

@@ -2,9 +2,10 @@
 where it is, and loading it into this process so that ExecuTorch's runtime has `TensorRTBackend`.
 
 ExecuTorch 1.4.1's Python runtime keeps its backend registry in the QNN backend library that
-`_portable_lib` links, and the tensor helpers in `_portable_lib` itself; both are loaded without
-global symbols, so they are promoted before the delegate library (whose ExecuTorch symbols are
-left to the process that loads it) is opened. TensorRT comes from the installed TensorRT-RTX wheel
+`_portable_lib` links, and the tensor helpers in `_portable_lib` itself; 1.5's `_C` keeps both in
+`executorch/lib/libexecutorch.so`. These are loaded without global symbols, so they are promoted
+before the delegate library (whose ExecuTorch symbols are left to the process that loads it) is
+opened. TensorRT comes from the installed TensorRT-RTX wheel
 unless `PIPELINE_TENSORRT_LIBRARY` names a library.
 """
 
@@ -93,10 +94,12 @@ def load_backend() -> ctypes.CDLL:
                                       "runner (pipeline-runner)") from exc
 
     et = Path(str(_portable_lib.__file__)).parent.parent.parent
-    for lib, mode in ((et / "backends" / "qualcomm" / "libqnn_executorch_backend.so", os.RTLD_GLOBAL),
-                      (Path(str(_portable_lib.__file__)), os.RTLD_GLOBAL | os.RTLD_NOLOAD)):
-        if lib.is_file():
-            ctypes.CDLL(str(lib), mode=mode)
+    for lib in (et / "backends" / "qualcomm" / "libqnn_executorch_backend.so", et / "lib" / "libexecutorch.so",
+                Path(str(_portable_lib.__file__))):
+        try:  # promoted where this runtime loaded it (RTLD_NOLOAD: never loaded here)
+            ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+        except OSError:
+            continue
     backend = ctypes.CDLL(str(path))
     for name in ("pipeline_trt_last_error", "pipeline_trt_library"):
         getattr(backend, name).restype = ctypes.c_char_p

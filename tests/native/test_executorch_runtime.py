@@ -80,10 +80,10 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_delegate_registers_and_programs_load_in_executorchs_runtime(mlp: dict[str, Path]) -> None:
-    from executorch.extension.pybindings._portable_lib import _get_registered_backend_names
+    from pipeline.executorch_api import registered_backends
 
     load_backend()
-    assert "TensorRTBackend" in _get_registered_backend_names()
+    assert "TensorRTBackend" in registered_backends()
     program = executorch_runtime.load(mlp["pte"], mlp["ptd"])
     assert program.method_names == ["forward"]
     if GPU:

@@ -165,10 +165,10 @@ def test_decoder_state_stays_on_the_device_teacher_forced(model: str, tmp_path: 
 @pytest.mark.skipif(PYTHON_RUNTIME is not None, reason=f"{PYTHON_RUNTIME}")
 def test_refusals_on_the_gpu_are_one_line_and_change_nothing(tmp_path: Path) -> None:
     """What ExecuTorch's own Python API does with a bad call to our delegate: an error, no crash."""
-    from executorch.extension.pybindings._portable_lib import _load_for_executorch
+    from pipeline.executorch_api import load_module
 
     files = run_all(_cfg("model=mlp"), tmp_path)
-    module = _load_for_executorch(str(files["pte"]))
+    module = load_module(str(files["pte"]))
     x = torch.randn(1, 64)
     first = module.run_method("forward", (x,))[0].clone()
     with pytest.raises(RuntimeError):

@@ -117,9 +117,9 @@ def test_missing_file_is_one_error(tmp_path: Path) -> None:
 
 
 def test_executorch_loads_our_programs_with_their_data(portable_files: dict[str, Path]) -> None:
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    from pipeline.executorch_api import load_module
 
-    module = _load_for_executorch(str(portable_files["pte"]), data_path=str(portable_files["ptd"]))
+    module = load_module(str(portable_files["pte"]), str(portable_files["ptd"]))
     x = torch.randn(3, 8)
     torch.testing.assert_close(module.forward([x])[0], linear(0)(x))
     torch.testing.assert_close(load(portable_files["pte"], portable_files["ptd"]).method("forward").execute([x])[0],

@@ -77,9 +77,9 @@ def test_reads_external_tensor_data(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="keeps its tensor data in a .ptd file"):
         load(tmp_path / "p.pte")
     out = load(tmp_path / "p.pte", ptd).method("forward").execute([x])[0]
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    from pipeline.executorch_api import load_module
 
-    theirs = _load_for_executorch(str(tmp_path / "p.pte"), data_path=str(ptd)).forward([x])[0]
+    theirs = load_module(str(tmp_path / "p.pte"), str(ptd)).forward([x])[0]
     assert torch.allclose(out, theirs, atol=1e-6)
 
 

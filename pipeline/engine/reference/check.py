@@ -5,7 +5,7 @@ without a GPU (TensorRT's own kernels are then not run: this checks what the con
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -32,11 +32,13 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return error / scale if scale else error
 
 
-def check_engine(source: GraphSource, spec: TensorRTCompileSpec, module: torch.nn.Module,
-                 args: Sequence[Any]) -> dict[str, Any]:
+def check_engine(source: GraphSource, spec: TensorRTCompileSpec, module: torch.nn.Module, args: Sequence[Any],
+                 engine: Callable[[dict[str, Any]], dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
     """{"max_rel_error": e, "layers": n}: the engine's network (made from `source` as the build makes
     it) run by the reference executor on `args`, against `module` (the same graph) run eagerly; or
-    {"skipped": why} where the executor does not evaluate a layer of it."""
+    {"skipped": why} where the executor does not evaluate a layer of it. With `engine` (the built
+    engine run by TensorRT: inputs by name -> outputs by name), also "tensorrt_rel_error": TensorRT's
+    kernels against the reference executor on the same inputs."""
     placeholders = [n for n in source.graph.nodes if n.op == "placeholder"]
     values = {ph.name: arg for ph, arg in zip(placeholders, args)}
     try:
@@ -50,4 +52,9 @@ def check_engine(source: GraphSource, spec: TensorRTCompileSpec, module: torch.n
     expected = [x for x in torch.utils._pytree.tree_leaves(eager) if isinstance(x, torch.Tensor)]
     got = [outs[b.name] for b in definition.bindings if not b.is_input]
     errors = [relative_error(g, e) for g, e in zip(got, expected)]
-    return {"max_rel_error": max(errors, default=0.0), "layers": definition.network.num_layers}
+    found = {"max_rel_error": max(errors, default=0.0), "layers": definition.network.num_layers}
+    if engine is not None:
+        ran = engine(feed)
+        found["tensorrt_rel_error"] = max((relative_error(ran[b.name].cpu(), outs[b.name]) for b in definition.bindings
+                                           if not b.is_input), default=0.0)
+    return found

@@ -1,0 +1,109 @@
+"""The docs' figures from the results: each block of a page in `docs/` between `<!-- figures: NAME -->`
+and `<!-- /figures -->` is what `RENDER[NAME]` writes from its results file, so the two cannot drift;
+every other figure on `docs/performance.md` must be one the results log (`results/gpu-log.md`) or a
+results file holds, at the precision the page gives it (`untraced`).
+
+    python -m bench.figures           # rewrite the blocks from the results
+    python -m bench.figures --check   # exit 1 naming each block or figure that is not the results'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+RESULTS = ROOT / "results"
+BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
+NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?!\w)")
+
+
+def _dvc_build(r: dict[str, Any]) -> str:
+    models = r["models"]
+    noop = r["noop"]
+
+    def model(name: str, label: str) -> str:
+        m = models[name]
+        return f"{label} {m['dvc_s']:.1f} s against {m['in_process_s']:.1f} s ({m['ratio']:.2f}x)"
+
+    stages = models["mlp"]["stages"]
+    heavy = [s for s in ("compile", "export", "serialize", "validate") if s in stages]
+    own = ", ".join(f"{s} {stages[s]['own_interpreter_s']:.1f}" for s in heavy)
+    warm = ", ".join(f"{s} {stages[s]['wall_s']:.1f}" for s in heavy)
+    return (f"The DVC loop against the in-process build (`{r['command']}`, {r['machine']}, engine cache off, "
+            f"{r['date']}): {model('mlp', 'the MLP')}, {model('resnet18', 'ResNet-18')}; a no-op `dvc repro` "
+            f"{noop['noop_s']:.2f} s against `dvc status`'s {noop['status_s']:.2f} s ({noop['ratio']:.2f}x). "
+            f"Each heavy stage of the MLP run by itself, in an interpreter of its own: {own} s; as DVC runs it, "
+            f"in a fork of the warm stage server: {warm} s.\n")
+
+
+RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "dvc-build": ("dvc-build.json", _dvc_build),
+}
+
+
+def render(name: str) -> str:
+    file, write = RENDER[name]
+    return write(json.loads((RESULTS / file).read_text()))
+
+
+def _blocks(text: str, where: str) -> str:
+    def one(match: re.Match[str]) -> str:
+        if match["name"] not in RENDER:
+            raise SystemExit(f"{where}: no figures named {match['name']!r}; known: {sorted(RENDER)}")
+        return match.group(1) + render(match["name"]) + match.group(4)
+
+    return BLOCK.sub(one, text)
+
+
+def _value(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def untraced(page: Path = DOCS / "performance.md") -> list[str]:
+    """The figures of `page` (outside blocks and code; decimals, and integers from 100) that no number
+    of the results log or a results file gives at the precision the page shows."""
+    logged: set[float] = set()
+    for file in RESULTS.iterdir():
+        if file.suffix in (".md", ".json"):
+            logged |= {_value(n) for n in NUMBER.findall(file.read_text())}
+    text = re.sub(r"`[^`]*`", "", BLOCK.sub("", page.read_text()))
+    out = []
+    for figure in dict.fromkeys(NUMBER.findall(text)):
+        places = len(figure.split(".")[1]) if "." in figure else 0
+        value = _value(figure)
+        if (places or value >= 100) and not any(round(x, places) == value for x in logged):
+            out.append(figure)
+    return out
+
+
+def check() -> list[str]:
+    """What is not the results': each page whose blocks differ from their rendering, and each untraced figure."""
+    stale = [str(p.relative_to(ROOT)) for p in sorted(DOCS.glob("*.md")) if _blocks(p.read_text(), p.name) != p.read_text()]
+    return [f"{p}: its figures blocks are not the results' (python -m bench.figures)" for p in stale] + [
+        f"docs/performance.md: {figure} is in no results file" for figure in untraced()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 naming what differs")
+    args = parser.parse_args()
+    if args.check:
+        problems = check()
+        print("\n".join(problems) or "the docs' figures are the results'")
+        raise SystemExit(1 if problems else 0)
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        new = _blocks(text, page.name)
+        if new != text:
+            page.write_text(new)
+            print(f"rewrote the figures of {page.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
