@@ -36,12 +36,13 @@ SWITCH = "PIPELINE_STAGE_SERVER"
 SERVED = "PIPELINE_STAGE_SERVED"  # set in a served stage: it runs its main, never hands over again
 IDLE_S = 30.0  # longer than DVC takes between two stages
 START_S = 20.0  # for a new server to listen; its imports may take longer (the stage waits on them)
-# What the heavy stages import (measured with -X importtime on the MLP and ResNet-18 builds).
+# What the heavy stages import (measured with -X importtime on the MLP and ResNet-18 builds); not
+# TensorRT (0.06 s), whose import may reach the CUDA driver, which a fork must not inherit.
 PRELOAD = ("numpy", "yaml", "omegaconf", "hydra", "sympy", "networkx", "jinja2", "torch", "torch.export",
            "torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch._functorch.aot_autograd",
            "torch._export", "torchvision", "torchao", "executorch.exir", "executorch.exir.passes",
            "executorch.exir.backend.backend_api", "executorch.exir._serialize._program",
-           "executorch.extension.flat_tensor.serialize.serialize", "tensorrt_rtx")
+           "executorch.extension.flat_tensor.serialize.serialize")
 # Variables DVC, the shell, pyenv's shims and pytest set per command (a shim appends to its own
 # each time it is passed through); every other one is part of the key: a variable a library reads
 # at import costs, at worst, a server of its own.
