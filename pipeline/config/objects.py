@@ -68,7 +68,8 @@ def model_kwargs(factory: Any, kwargs: dict[str, Any], seed: int) -> dict[str, A
 
 def model(cfg: PipelineConfig) -> torch.nn.Module:
     """The model of the config: built by its factory, then its weights read from `model.weights`
-    (`checkpoint.py`) or, without a file, drawn from its seed (passed as `seed=` to factories that
+    (`checkpoint.py`; a model folder's by transformers itself, held to the same rules) or, without a
+    file, drawn from its seed (passed as `seed=` to factories that
     take it, else set as PyTorch's seed for the call) and initialised as `model.init` says. Nothing
     is downloaded: no pretrained weights. A Hugging Face model folder also tells its factory what
     to build (passed as `folder=`)."""
@@ -103,15 +104,30 @@ def model(cfg: PipelineConfig) -> torch.nn.Module:
         raise ConfigError(f"model.kwargs {section.kwargs} build a model whose parameter {empty!r} has no "
                           f"elements (shape {list(built.get_parameter(empty).shape)}); give every size at least 1")
     if weights:
+        _load_weights(built, section)
+    elif section.init == "every_layer":
+        _every_layer(built, section)
+    return built.eval()
+
+
+def _load_weights(built: torch.nn.Module, section: ModelConfig) -> None:
+    """`model.weights` into the built model: a weight file read and loaded strictly, or a model folder
+    transformers loaded, held to the same rules."""
+    weights = str(section.weights)
+    loaded = getattr(built, "folder_loading", None)  # a model folder transformers loaded itself (hf.from_folder)
+    if loaded is not None:
+        kept = checkpoint.check_loaded(loaded, f"model.weights = {weights!r}", section.weights_partial,
+                                       bool(section.weight_prefixes))
+        if kept:
+            log.warning("model.weights = %r sets all but %d of the model's keys, which keep their seeded values "
+                        "(model.weights_partial): %s", weights, len(kept), ", ".join(kept))
+    else:
         target = getattr(built, "checkpoint_module", built)
         state = checkpoint.rename(checkpoint.read_state_dict(weights), dict(section.weight_prefixes))
         kept = checkpoint.load_strictly(target, state, f"model.weights = {weights!r}", section.weights_partial)
         if kept:
             log.warning("model.weights = %r sets %d of the model's keys; %d keep their seeded values (model.weights_partial): "
                         "%s", weights, len(state), len(kept), ", ".join(kept))
-    elif section.init == "every_layer":
-        _every_layer(built, section)
-    return built.eval()
 
 
 def program_constants(cfg: PipelineConfig, module: torch.nn.Module, weights: list[dict[str, Any]] | None) -> dict[str, Any]:

@@ -102,6 +102,31 @@ def rename(state: Mapping[str, torch.Tensor], prefixes: Mapping[str, str]) -> di
     return out
 
 
+def check_loaded(loaded: Mapping[str, list[str]], source: str, keep_missing: bool, prefixes: bool) -> list[str]:
+    """What `load_strictly` holds a file to, for a model folder transformers loaded itself (its
+    `missing_keys`, `unexpected_keys`, `mismatched_keys`); returns the keys kept as built.
+
+    Raises:
+        ConfigError: a key the folder sets that the model does not have, one of another shape, one it
+            lacks (unless `keep_missing`), or prefixes given (transformers maps a folder's keys itself).
+    """
+    if prefixes:
+        raise ConfigError(f"{source} is a model folder, whose keys transformers maps to the model itself; drop "
+                          "model.weight_prefixes (it maps the keys of a weight file)")
+    if loaded["unexpected_keys"]:
+        raise ConfigError(f"{source} sets {len(loaded['unexpected_keys'])} key(s) the model does not have: "
+                          f"{_keys(loaded['unexpected_keys'])}; check that its config.json and model.kwargs build the model "
+                          "its weights were saved from")
+    if loaded["mismatched_keys"]:
+        raise ConfigError(f"{source}: {len(loaded['mismatched_keys'])} key(s) differ in shape from the model's: "
+                          f"{_keys(loaded['mismatched_keys'])}; build the model with the sizes the folder was saved with")
+    if loaded["missing_keys"] and not keep_missing:
+        raise ConfigError(f"{source} lacks {len(loaded['missing_keys'])} key(s) of the model: {_keys(loaded['missing_keys'])}; "
+                          "check that its config.json and model.kwargs build the model it was saved from, or set "
+                          "model.weights_partial=true to keep the seeded values of what it lacks")
+    return list(loaded["missing_keys"])
+
+
 def load_strictly(module: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str, keep_missing: bool = False) -> list[str]:
     """Copy `state` into `module` in place; return the keys the file did not set (none unless
     `keep_missing`: those keep the values they were built with).

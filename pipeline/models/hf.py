@@ -1,8 +1,8 @@
 """Hugging Face `transformers` models: encoders, and causal decoders with a static KV cache. Built
 from an architecture name and config fields (seeded random weights; nothing is downloaded), or from a
-local model folder (`model.weights=<folder>`: its `config.json` says what to build, its safetensors
-are loaded by `pipeline.config.objects`, a decoder carries its `tokenizer.json`); no code from a
-folder runs (`trust_remote_code` is refused)."""
+local model folder (`model.weights=<folder>`: its `config.json` says what to build, its weights load
+as transformers loads them, `from_folder`, held to `pipeline.config.objects`' rules, a decoder carries
+its `tokenizer.json`); no code from a folder runs (`trust_remote_code` is refused)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ ENCODERS = {
 class Encoder(torch.nn.Module):
     """A `transformers` encoder whose forward takes one tensor and returns its last hidden state."""
 
+    folder_loading: dict[str, list[str]] | None = None  # from a model folder: what transformers' loading left (from_folder)
+
     def __init__(self, model: torch.nn.Module, takes: str) -> None:
         super().__init__()
         self.model = model
@@ -65,7 +67,7 @@ _TAKES = {"input_ids": "tokens", "pixel_values": "pixels", "input_features": "fe
 def encoder(architecture: str | None = None, *, folder: str | None = None, **config: Any) -> torch.nn.Module:
     """The encoder of `architecture` (a key of `ENCODERS`), its config's defaults overridden by
     `config`; or, from a model `folder`, the base model its `config.json` names, fields overridden
-    by `config` (the weights are loaded after).
+    by `config`, its weights loaded as transformers loads them (`from_folder`).
 
     Raises:
         ConfigError: an unknown architecture, or a folder whose model transformers cannot build.
@@ -75,12 +77,14 @@ def encoder(architecture: str | None = None, *, folder: str | None = None, **con
     if folder is not None:
         cfg = folder_config(folder, architecture, config)
         cfg._attn_implementation = "eager"
-        model = _from_config(transformers.AutoModel, cfg, folder)
+        model, loaded = from_folder(transformers.AutoModel, cfg, folder)
         takes = _TAKES.get(model.main_input_name)
         if takes is None:
             raise ConfigError(f"model folder {folder!r}: a {type(model).__name__} takes {model.main_input_name!r}; an "
                               f"encoder program takes one of {sorted(_TAKES)}")
-        return Encoder(model.eval(), takes)
+        built = Encoder(model.eval(), takes)
+        built.folder_loading = loaded
+        return built
     if architecture is None:
         raise ConfigError("pipeline.models.hf.encoder builds from a Hugging Face model folder (model.weights=<folder>) "
                           f"or from model.kwargs.architecture (one of {sorted(ENCODERS)}); give one")
@@ -105,6 +109,8 @@ class Decoder(torch.nn.Module):
     and returns the logits of each: prefill is a step from 0, decode a step of one token. Configs
     compile both methods from `step` with the same token range, so that they call one engine (the
     weights once, in the files and on the device)."""
+
+    folder_loading: dict[str, list[str]] | None = None  # from a model folder: what transformers' loading left (from_folder)
 
     def __init__(self, model: Any, max_cache_len: int, tokenizer: str | None = None) -> None:  # a PreTrainedModel
         super().__init__()
@@ -286,7 +292,7 @@ def decoder(architecture: str | None = None, max_cache_len: int = 0, dtype: str 
     and cache in `dtype` (default float32), its config's defaults overridden by `config`
     (hidden_size, num_hidden_layers, ...); or, from a model `folder`, the causal LM its
     `config.json` names (dtype default: the folder's), fields overridden by `config`, carrying the
-    folder's tokenizer (the weights are loaded after). Attention is `sdpa` where the family supports
+    folder's tokenizer, its weights loaded as transformers loads them. Attention is `sdpa` where the family supports
     it (one scaled_dot_product_attention per layer), else `eager`; `attn_implementation` overrides.
     Inference only: no parameter requires grad.
 
@@ -315,15 +321,21 @@ def decoder(architecture: str | None = None, max_cache_len: int = 0, dtype: str 
     cfg._attn_implementation = attn_implementation or ("sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager")
     if _has_experts(model_class):  # every token through its experts by gathered batched matmuls: shapes the
         cfg._experts_implementation = "batched_mm"  # tokens give (the default loops over experts that tokens chose)
+    loaded = None
     try:
-        model = model_class(cfg)
+        if folder is not None:
+            model, loaded = from_folder(model_class, cfg, folder, row.torch)
+        else:
+            model = model_class(cfg)
     except (ImportError, ValueError) as exc:
         if attn_implementation is None:
             raise
         raise ConfigError(f"model.kwargs.attn_implementation = {attn_implementation!r}: transformers refuses it for a "
                           f"{model_class.__name__} ({_first_line(exc)}); drop it (sdpa where the family has it, else eager)") from exc
     model = model.to(row.torch).eval().requires_grad_(False)
-    return Decoder(model, int(max_cache_len), tokenizer.from_folder(folder) if folder is not None else None).eval()
+    built = Decoder(model, int(max_cache_len), tokenizer.from_folder(folder) if folder is not None else None).eval()
+    built.folder_loading = loaded
+    return built
 
 
 def _more_state(layer: Any) -> list[str]:
@@ -402,12 +414,28 @@ def folder_config(folder: str, architecture: str | None, fields: dict[str, Any])
     return cfg
 
 
-def _from_config(auto: Any, cfg: Any, folder: str) -> Any:
+def from_folder(model_class: Any, cfg: Any, folder: str, dtype: torch.dtype | None = None) -> tuple[Any, dict[str, list[str]]]:
+    """The model of a folder as transformers loads it (`from_pretrained`, its weights' keys mapped by
+    transformers' own conversion, as for the names ViT-family checkpoints keep), built from `cfg`;
+    and the keys it did not set, could not place, or found of another shape (`objects.model` holds
+    them to `model.weights_partial`).
+
+    Raises:
+        ConfigError: transformers has no such model for the config, or cannot read the folder's weights.
+    """
     try:
-        return auto.from_config(cfg, trust_remote_code=False)
+        model, info = model_class.from_pretrained(folder, config=cfg, local_files_only=True, trust_remote_code=False,
+                                                  output_loading_info=True, attn_implementation=cfg._attn_implementation,
+                                                  **({"dtype": dtype} if dtype is not None else {}))
     except ValueError as exc:
-        raise ConfigError(f"model folder {folder!r}: transformers has no {auto.__name__} for a {type(cfg).__name__} "
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        raise ConfigError(f"model folder {folder!r}: transformers has no {model_class.__name__} for a {type(cfg).__name__} "
                           f"({_first_line(exc)}); build it with the other factory (pipeline.models.hf.encoder or .decoder)") from exc
+    except (OSError, RuntimeError) as exc:
+        raise ConfigError(f"model folder {folder!r}: transformers cannot load its weights into a {type(cfg).__name__}'s "
+                          f"model ({_first_line(exc)}); check the folder's files and model.kwargs") from exc
+    return model, {k: sorted(map(str, info.get(k) or ())) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
 
 
 def _config(config_class: Any, fields: dict[str, Any]) -> Any:

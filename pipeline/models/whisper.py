@@ -24,6 +24,8 @@ _SUPPRESS = ("suppress_tokens", "begin_suppress_tokens")
 class Whisper(torch.nn.Module):
     """A `transformers` `WhisperForConditionalGeneration` with its caches as buffers (batch 1)."""
 
+    folder_loading: dict[str, list[str]] | None = None  # from a model folder: what transformers' loading left
+
     def __init__(self, model: Any, max_cache_len: int) -> None:  # a WhisperForConditionalGeneration
         super().__init__()
         self.model = model
@@ -100,19 +102,23 @@ class Whisper(torch.nn.Module):
 def whisper(max_cache_len: int = 0, dtype: str = "float32", *, folder: str | None = None, **config: Any) -> torch.nn.Module:
     """Whisper with a self-attention cache of `max_cache_len` positions, its `WhisperConfig`'s
     defaults overridden by `config` (d_model, encoder_layers, decoder_layers, num_mel_bins, ...), or
-    from a model `folder` (its `config.json`; the weights are loaded after).
+    from a model `folder` (its `config.json`, its weights loaded as transformers loads them).
 
     Raises:
         ConfigError: a cache of no positions or longer than the model's positions, a dtype that is
-            not a float, a field WhisperConfig does not have, or a folder that is not a Whisper model.
+            not a float, a field WhisperConfig does not have, a folder that is not a Whisper model, or
+            neither a folder nor sizes.
     """
     import transformers
 
     from pipeline import dtypes
-    from pipeline.models.hf import _config, folder_config
+    from pipeline.models.hf import _config, folder_config, from_folder
 
     if folder is not None:
         cfg = folder_config(folder, "whisper", config)
+    elif not config:
+        raise ConfigError("pipeline.models.whisper.whisper builds from a Hugging Face model folder (model.weights=<folder>) "
+                          "or from the sizes model.kwargs gives (model=whisper_tiny); give one")
     else:
         cfg = _config(transformers.WhisperConfig, config)
     if not 1 <= int(max_cache_len) <= cfg.max_target_positions:
@@ -122,6 +128,12 @@ def whisper(max_cache_len: int = 0, dtype: str = "float32", *, folder: str | Non
     if row is None or not row.torch.is_floating_point:
         raise ConfigError(f"model.kwargs.dtype = {dtype!r} is not a floating-point dtype")
     cfg._attn_implementation = "eager"
-    model: Any = transformers.WhisperForConditionalGeneration(cfg)
+    loaded = None
+    if folder is not None:
+        model, loaded = from_folder(transformers.WhisperForConditionalGeneration, cfg, folder, row.torch)
+    else:
+        model = transformers.WhisperForConditionalGeneration(cfg)
     model = model.to(row.torch).eval().requires_grad_(False)
-    return Whisper(model, int(max_cache_len)).eval()
+    built = Whisper(model, int(max_cache_len)).eval()
+    built.folder_loading = loaded
+    return built
