@@ -192,14 +192,14 @@ def _causal_lm_types() -> set[str]:
 
 
 def _speech(name: str) -> Entry:
+    """The model section `model=<name>` composes (its config may extend another, as whisper_tiny does)."""
     from omegaconf import OmegaConf
 
-    from pipeline.config.compose import CONF_DIR
+    from pipeline.config.compose import compose
 
-    loaded = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
-    assert isinstance(loaded, dict)
-    section = {str(key): value for key, value in loaded.items() if key != "defaults"}
-    return Entry(f"speech/{name}", "speech", section)
+    section = OmegaConf.to_container(compose([f"model={name}"]).model)
+    assert isinstance(section, dict)
+    return Entry(f"speech/{name}", "speech", {str(key): value for key, value in section.items()})
 
 
 def _timm(name: str) -> Entry:

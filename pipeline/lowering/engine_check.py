@@ -15,7 +15,7 @@ import torch
 from pipeline.engine.builder import BuiltEngine
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.engine.network import GraphSource
-from pipeline.engine.reference.check import TOLERANCE, check_engine
+from pipeline.engine.reference.check import KERNEL_TOLERANCE, TOLERANCE, check_engine
 from pipeline.runtime.engine_runner import EngineRunner, cuda_ready
 
 log = logging.getLogger("pipeline.lowering.compile")
@@ -69,9 +69,9 @@ def checked(source: GraphSource, spec: TensorRTCompileSpec, sub: torch.fx.GraphM
         log.warning("TensorRT %s: its network computes %.3g from its graph run eagerly (relative to the largest output) "
                     "on the CPU reference executor, above %g for %s: a converter built it wrong", label,
                     found["max_rel_error"], tolerance, spec.precision)
-    if not found.get("tensorrt_rel_error", 0.0) <= tolerance:
+    if not found.get("tensorrt_rel_error", 0.0) <= KERNEL_TOLERANCE[spec.precision]:
         log.warning("TensorRT %s: TensorRT's kernels compute %.3g from the reference executor on the same inputs, above "
-                    "%g for %s", label, found["tensorrt_rel_error"], tolerance, spec.precision)
+                    "%g for %s", label, found["tensorrt_rel_error"], KERNEL_TOLERANCE[spec.precision], spec.precision)
     return found
 
 
