@@ -62,7 +62,7 @@ def flat_tensor(data: bytes) -> Any:
 
 def load_module(pte: str, ptd: str | None = None) -> Any:
     """A program (with its `.ptd`) in ExecuTorch's Python runtime (1.4.1's `Runtime` takes no data file)."""
-    return portable_lib()._load_for_executorch(pte, data_path=ptd) if ptd else portable_lib()._load_for_executorch(pte)
+    return portable_lib()._load_for_executorch(pte, data_path=ptd)
 
 
 def load_program(pte: str) -> Any:

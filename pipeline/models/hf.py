@@ -423,6 +423,8 @@ def from_folder(model_class: Any, cfg: Any, folder: str, dtype: torch.dtype | No
     Raises:
         ConfigError: transformers has no such model for the config, or cannot read the folder's weights.
     """
+    from safetensors import SafetensorError
+
     try:
         model, info = model_class.from_pretrained(folder, config=cfg, local_files_only=True, trust_remote_code=False,
                                                   output_loading_info=True, attn_implementation=cfg._attn_implementation,
@@ -432,6 +434,9 @@ def from_folder(model_class: Any, cfg: Any, folder: str, dtype: torch.dtype | No
             raise
         raise ConfigError(f"model folder {folder!r}: transformers has no {model_class.__name__} for a {type(cfg).__name__} "
                           f"({_first_line(exc)}); build it with the other factory (pipeline.models.hf.encoder or .decoder)") from exc
+    except SafetensorError as exc:
+        raise ConfigError(f"model folder {folder!r}: a weight file is not safetensors (truncated or another format: "
+                          f"{_first_line(exc)}); copy the folder again or save it with save_pretrained") from exc
     except (OSError, RuntimeError) as exc:
         raise ConfigError(f"model folder {folder!r}: transformers cannot load its weights into a {type(cfg).__name__}'s "
                           f"model ({_first_line(exc)}); check the folder's files and model.kwargs") from exc

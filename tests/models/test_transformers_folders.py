@@ -78,6 +78,10 @@ def test_a_folder_that_does_not_fit_is_one_line(tmp_path: Path) -> None:
     assert "key(s) the model does not have" in refused()
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
     assert "differ in shape" in refused() or "cannot load its weights" in refused()
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert "is not safetensors (truncated or another format" in refused()
 
 
 def test_whisper_from_a_folder_takes_the_folders_sizes(tmp_path: Path) -> None:
