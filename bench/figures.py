@@ -39,7 +39,7 @@ def _dvc_build(r: dict[str, Any]) -> str:
             f"{r['date']}): {model('mlp', 'the MLP')}, {model('resnet18', 'ResNet-18')}; a no-op `dvc repro` "
             f"{noop['noop_s']:.2f} s against `dvc status`'s {noop['status_s']:.2f} s ({noop['ratio']:.2f}x), and "
             f"{noop['toolchain_cp_s']:.2f} s ({noop['toolchain_cp_s'] / noop['status_s']:.2f}x) with the always-run "
-            "`toolchain` stage's command replaced by a `cp` of its record. "
+            "`toolchain` stage's command a bare `cp` of its record. "
             f"Each heavy stage of the MLP run by itself, in an interpreter of its own: {own} s; as DVC runs it, "
             f"in a fork of the warm stage server: {warm} s.\n")
 

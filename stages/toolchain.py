@@ -11,9 +11,10 @@ import os
 from _common import Layout, parser, run
 
 from pipeline.config.params_file import check_plain_names, plain_target, read_plain
-from pipeline.engine.toolchain import WEIGHTS, calibration_digests, record
+from pipeline.engine import toolchain_key
+from pipeline.engine.toolchain import WEIGHTS, calibration_digests, calibration_files, record
 from pipeline.files import write_json
-from pipeline.models.weight_files import digests
+from pipeline.models.weight_files import digests, weight_files
 
 
 def main() -> None:
@@ -26,15 +27,21 @@ def main() -> None:
     check_plain_names(cfg, args.target)  # the layout's names, before anything is written
     compile_section = cfg.get("compile") or {}
     out = Layout.of(cfg, args.target).build / "toolchain.json"
-    toolchain = record(compile_section.get("target_compute_capabilities") or ())
     weights = (cfg.get("model") or {}).get("weights")
+    stage = os.environ.get("DVC_STAGE")
+    files = toolchain_key.sources([*((weights, *weight_files(weights)) if weights else ()),
+                                   *calibration_files(compile_section)])
+    made_under = toolchain_key.key(files) if stage and not os.environ.get("DVC_EXP_NAME") else None
+    toolchain = record(compile_section.get("target_compute_capabilities") or ())
     if weights:
         toolchain[WEIGHTS] = digests(weights)
-    calibration_files = calibration_digests(compile_section)
-    if calibration_files:
-        toolchain["calibration"] = calibration_files
+    calibration = calibration_digests(compile_section)
+    if calibration:
+        toolchain["calibration"] = calibration
     write_json(out, toolchain)
-    if not os.environ.get("DVC_STAGE"):
+    if stage:
+        toolchain_key.keep(stage, files, made_under, out)
+    else:
         print(f"wrote {out}")
 
 

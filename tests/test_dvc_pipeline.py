@@ -23,7 +23,8 @@ def _run(cmd: list[str], cwd: Path, **env: str) -> str:
 
 
 def _stages_run(output: str) -> list[str]:
-    return re.findall(r"Running stage '([\w@.-]+)'", output)
+    # the always-run toolchain stages are in stages/dvc.yaml: DVC names them with their file
+    return re.findall(r"Running stage '(?:stages/dvc\.yaml:)?([\w@.-]+)'", output)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,12 @@ def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
     # Python has written bytecode into pipeline/ (.dvcignore keeps caches out of the stage deps).
     (repo / "pipeline" / "__pycache__").mkdir(exist_ok=True)
     (repo / "pipeline" / "__pycache__" / "steps.cpython-311.pyc").write_bytes(b"changed")
+    key = repo / "build" / ".toolchain" / "toolchain" / "key"
+    made = key.stat()
     assert _stages_run(_run(["dvc", "repro"], repo)) == ["toolchain"]
+    # ... by copying the kept record back, without Python (stages/toolchain.sh): its key is as it was.
+    assert (key.stat().st_ino, key.stat().st_mtime_ns) == (made.st_ino, made.st_mtime_ns)
+    assert (out / "toolchain.json").read_bytes() == (key.parent / "record.json").read_bytes()
     assert "plots/build.json" in _run(["dvc", "plots", "show", "--json"], repo)
 
     # A transform change reruns transform; serialize (and validate) follow only when its output
@@ -89,6 +95,25 @@ def test_repro_reruns_exactly_what_changed(repo: Path) -> None:
     shutil.rmtree(out / "program")
     _run(["dvc", "checkout"], repo)
     assert {p.name: p.read_bytes() for p in (out / "program").iterdir()} == program
+
+
+def test_the_kept_toolchain_record_is_made_again_when_a_package_comes(repo: Path, tmp_path: Path) -> None:
+    """stages/toolchain.sh copies the kept record back only while nothing it was made from changed: a
+    package installed into a folder of the search path makes it again, with the package in it."""
+    _run([sys.executable, "-m", "pipeline.config.compose"], repo)
+    site = tmp_path / "site"
+    site.mkdir()
+    toolchain = ["dvc", "repro", "stages/dvc.yaml:toolchain"]
+    _run(toolchain, repo, PYTHONPATH=str(site))  # another environment: made again, and kept
+    key = repo / "build" / ".toolchain" / "toolchain" / "key"
+    made = key.stat()
+    _run(toolchain, repo, PYTHONPATH=str(site))
+    assert (key.stat().st_ino, key.stat().st_mtime_ns) == (made.st_ino, made.st_mtime_ns)  # copied back
+    record = repo / "build" / "mlp" / "toolchain.json"
+    assert "tensorrt_probe" not in json.loads(record.read_text())["packages"]
+    (site / "tensorrt_probe-9.9.dist-info").mkdir()
+    _run(toolchain, repo, PYTHONPATH=str(site))
+    assert json.loads(record.read_text())["packages"]["tensorrt_probe"] == "9.9"
 
 
 def _commit(repo: Path, message: str) -> None:

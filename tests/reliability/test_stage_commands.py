@@ -66,7 +66,7 @@ def test_a_name_that_climbs_out_of_build_deletes_nothing(repo: Path, name: str) 
     (repo / "compiled").mkdir()
     (repo / "compiled" / "notes.txt").write_text("mine")
     _hostile(repo / "params.yaml", **{"model.name": name})
-    for command in (["dvc", "repro"], ["dvc", "repro", "toolchain"], ["dvc", "repro", "-s", "compile"],
+    for command in (["dvc", "repro"], ["dvc", "repro", "stages/dvc.yaml:toolchain"], ["dvc", "repro", "-s", "compile"],
                     ["dvc", "repro", "-s", "validate"]):
         result = subprocess.run(command, cwd=repo, capture_output=True, text=True, env=ENV, timeout=300)
         assert result.returncode != 0 and "is ignored by .dvcignore" in result.stdout + result.stderr, command
