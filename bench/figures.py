@@ -44,8 +44,26 @@ def _dvc_build(r: dict[str, Any]) -> str:
             f"in a fork of the warm stage server: {warm} s.\n")
 
 
+def _reference_gpu(r: dict[str, Any]) -> str:
+    rows = r["rows"]
+
+    def worst(precision: str) -> str:
+        row = max((x for x in rows if x["precision"] == precision), key=lambda x: x["tensorrt_error"])
+        return f"{precision} {row['tensorrt_error']:.1e} ({row['model']})"
+
+    lines = [f"TensorRT's kernels against the CPU reference executor, engine by engine, on the same inputs "
+             f"(`{r['command']}`; {r['machine']}, TensorRT-RTX {r['tensorrt_rtx']}, torch {r['torch']}, {r['date']}; "
+             f"{r.get('tests', '')}; {r.get('tf32', '')}): largest relative error {worst('fp32')}, {worst('fp16')}.", "",
+             "| model | precision | engines | TensorRT against the reference | the reference against eager |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {x['model']} | {x['precision']} | {x['engines']} | {x['tensorrt_error']:.1e} | "
+              f"{x['reference_error']:.1e} |" for x in rows]
+    return "\n".join(lines) + "\n"
+
+
 RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "dvc-build": ("dvc-build.json", _dvc_build),
+    "reference-gpu": ("reference-gpu.json", _reference_gpu),
 }
 
 

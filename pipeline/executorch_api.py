@@ -7,6 +7,7 @@ decomposition table, and the Python runtime (its loader, operator and backend re
 from __future__ import annotations
 
 import copy
+import functools
 from types import ModuleType
 from typing import Any
 
@@ -27,10 +28,13 @@ def flatbuffer_tables() -> ModuleType:
     return executorch_flatbuffer
 
 
+@functools.cache
 def portable_lib() -> ModuleType:
     """ExecuTorch's Python runtime: 1.4.1's `_portable_lib`, else 1.5's `_C` (the same API, which also
     loads under a torch other than the one it was built for, and is what the native delegate is built
-    against); raises ImportError naming why neither loads."""
+    against); raises ImportError naming why neither loads. Chosen once a process: once `_C`'s libraries
+    are global (`load_backend`), 1.4.1's `_portable_lib` would load against them and register its
+    kernels a second time, which aborts the process (an H100 under torch 2.11, 2026-12-07)."""
     try:
         from executorch.extension.pybindings import _portable_lib as lib
     except ImportError as old:

@@ -9,6 +9,10 @@ not share state: a program two of whose methods use one buffer is refused there,
 runner that runs it). Every call's inputs are checked against the program record before ExecuTorch
 sees them (`TensorSpec`, the same checks as `pipeline.runtime`); the delegate checks them again
 against each engine. Outputs are host tensors.
+
+ExecuTorch's Python runtime reads torch's tensors through the torch headers it was built with: under
+another torch its conversion may read a tensor wrongly (ExecuTorch 1.5.1's `_C` under torch 2.11 reads
+every tensor as having no device; an H100, 2026-12-07). That is `ForeignTorchError`, one line.
 """
 
 from __future__ import annotations
@@ -27,6 +31,28 @@ from pipeline.runtime.native_library import load_backend
 from pipeline.runtime.options import RuntimeOptions
 from pipeline.runtime.program import Program
 from pipeline.runtime.values import state_values
+
+FOREIGN_TORCH = "tensor does not have a device"  # what that runtime says of every tensor of a foreign torch
+
+
+class ForeignTorchError(RuntimeUnavailableError):
+    """ExecuTorch's Python runtime cannot read this torch's tensors (it was built for another torch)."""
+
+
+def _refused(backend: Any, what: str, exc: RuntimeError) -> RuntimeUnavailableError:
+    """The one line for a call ExecuTorch's runtime refused: the delegate's own, else the runtime's first."""
+    line = backend.pipeline_trt_last_error().decode()
+    if line:
+        return RuntimeUnavailableError(line)
+    said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if FOREIGN_TORCH in said:
+        from pipeline.executorch_api import portable_lib
+
+        return ForeignTorchError(
+            f"ExecuTorch's Python runtime ({portable_lib().__name__}) cannot read torch {torch.__version__}'s tensors "
+            f"({said!r}: it was built for another torch); install the torch it was built for, or run the program "
+            "with the native runner (pipeline-runner) or pipeline.runtime")
+    return RuntimeUnavailableError(f"ExecuTorch's runtime failed to {what} ({said})")
 
 
 class NativeMethod:
@@ -59,8 +85,7 @@ class NativeMethod:
         try:
             outs = self._run(host)
         except RuntimeError as exc:
-            line = backend.pipeline_trt_last_error().decode()
-            raise RuntimeUnavailableError(line or f"ExecuTorch's runtime failed to run {where} ({exc})") from exc
+            raise _refused(backend, f"run {where}", exc) from exc
         return [o.clone() if copy_outputs and isinstance(o, torch.Tensor) else o for o in outs]
 
 
@@ -130,9 +155,7 @@ class ExecuTorchProgram:
                 return lambda inputs: module.run_method(name, tuple(inputs))
             method = self._program.load_method(name)
         except RuntimeError as exc:
-            line = self.backend.pipeline_trt_last_error().decode()
-            raise RuntimeUnavailableError(line or f"ExecuTorch's runtime could not load method {name!r} of "
-                                                  f"{self.where} ({exc})") from exc
+            raise _refused(self.backend, f"load method {name!r} of {self.where}", exc) from exc
         return lambda inputs: method(list(inputs))
 
 

@@ -94,6 +94,26 @@ def test_the_delegate_registers_and_programs_load_in_executorchs_runtime(mlp: di
         program.method("forward").execute([torch.randn(1, 64)])
 
 
+def test_a_python_runtime_built_for_another_torch_is_one_line() -> None:
+    """What ExecuTorch 1.5.1's `_C` raised for every tensor under the GPU machine's torch 2.11 (an H100,
+    2026-12-07), a C++ trace: one line naming the fix; any other refusal is one line too."""
+    from pipeline.executorch_api import portable_lib
+    from pipeline.runtime.executorch_runtime import FOREIGN_TORCH, ForeignTorchError, _refused
+
+    assert portable_lib() is portable_lib()  # chosen once: a second choice may load a second runtime
+    backend = load_backend()
+    backend.pipeline_trt_clear_error()
+    trace = "\nException raised from device_default at TensorImpl.h:1303 (most recent call first):\nframe #0: ..."
+    foreign = _refused(backend, "run method 'forward'", RuntimeError(FOREIGN_TORCH + trace))
+    assert isinstance(foreign, ForeignTorchError) and "\n" not in str(foreign)
+    assert str(foreign).endswith(f"cannot read torch {torch.__version__}'s tensors ('{FOREIGN_TORCH}': it was built for "
+                                 "another torch); install the torch it was built for, or run the program with the "
+                                 "native runner (pipeline-runner) or pipeline.runtime")
+    other = _refused(backend, "run method 'forward'", RuntimeError("Failed to execute method forward, error: 0x12" + trace))
+    assert type(other) is RuntimeUnavailableError
+    assert str(other) == "ExecuTorch's runtime failed to run method 'forward' (Failed to execute method forward, error: 0x12)"
+
+
 def test_the_runner_refuses_a_missing_or_foreign_ptd(mlp: dict[str, Path], tmp_path: Path) -> None:
     x = tmp_path / "x.npy"
     np.save(x, np.zeros((1, 64), dtype=np.float32))

@@ -4,6 +4,11 @@ cache stays on the device across its methods, a step moving only tokens in and l
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +20,7 @@ from pipeline.config import objects
 from pipeline.config.compose import compose, typed
 from pipeline.errors import InputError, RuntimeUnavailableError
 from pipeline.runtime import executorch_runtime, load
+from pipeline.runtime.executorch_runtime import ForeignTorchError
 from pipeline.runtime.generate import generate
 from pipeline.runtime.native_library import load_backend, run_runner
 from pipeline.runtime.options import RuntimeOptions
@@ -25,10 +31,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs CUDA an
 
 
 def _python_runtime() -> str | None:
-    """Why ExecuTorch's Python runtime cannot run here (None: it can)."""
+    """Why ExecuTorch's Python runtime cannot run here (None: it can): it does not load, or it cannot
+    read this torch's tensors (run on the earlier blob layout's program). Any other failure is the
+    tests' to find."""
     try:
         load_backend()
     except RuntimeUnavailableError as exc:
+        return str(exc)
+    try:
+        executorch_runtime.load(LEGACY_TR01).method("forward").execute([legacy_tr01_case()[0]])
+    except ForeignTorchError as exc:
         return str(exc)
     return None
 
@@ -55,11 +67,19 @@ def _runner_outputs(files: dict[str, Path], method: str, inputs: list[torch.Tens
     return [np.load(tmp / f"output_{i}.npy") for i in range(count)]
 
 
-@pytest.mark.parametrize("precision, serialize", LAYOUTS)
-@pytest.mark.parametrize("model", ZOO)
-def test_zoo_programs_run_in_executorchs_runtime(model: str, precision: str, serialize: str, tmp_path: Path) -> None:
+@functools.cache
+def _zoo_program(model: str, precision: str, serialize: str) -> tuple[Any, dict[str, Path]]:
+    """A zoo program, built once a process (the runner's test and the Python runtime's share it)."""
     cfg = _cfg(f"model={model}", f"compile.precision={precision}", f"serialize={serialize}")
-    files = run_all(cfg, tmp_path)
+    folder = tempfile.mkdtemp(prefix=f"native-gpu-{model}-")
+    atexit.register(shutil.rmtree, folder, True)
+    return cfg, run_all(cfg, Path(folder))
+
+
+def _check_zoo_runs(model: str, precision: str, serialize: str, tmp: Path,
+                    runs_of: Callable[[dict[str, Path], str, list[torch.Tensor]], dict[str, Any]]) -> None:
+    """Each method's outputs in every run `runs_of` gives equal pipeline.runtime's and match eager."""
+    cfg, files = _zoo_program(model, precision, serialize)
     ours = load(files["pte"], files.get("ptd"))
     module = objects.model(cfg)
     for method, spec in cfg.model.methods.items():
@@ -68,22 +88,38 @@ def test_zoo_programs_run_in_executorchs_runtime(model: str, precision: str, ser
             refs = getattr(module, spec.function)(*inputs)
         refs = list(refs) if isinstance(refs, (tuple, list)) else [refs]
         expected = [o.cpu() for o in ours.method(method).execute(inputs)]
-        runs = {"runner": _runner_outputs(files, method, inputs, tmp_path),
-                "runner, CUDA graph": _runner_outputs(files, method, inputs, tmp_path, "--cuda-graph", "--repeat", "3"),
-                "runner, method graph": _runner_outputs(files, method, inputs, tmp_path, "--method-graph", "--repeat", "3")}
-        if PYTHON_RUNTIME is None:
-            native = executorch_runtime.load(files["pte"], files.get("ptd"))
-            graphs = executorch_runtime.load(files["pte"], files.get("ptd"), RuntimeOptions(cuda_graph=True))
-            runs["python"] = native.method(method).execute(inputs)
-            graphs.method(method).execute(inputs)
-            runs["python, CUDA graph"] = graphs.method(method).execute(inputs)  # replayed
-        for name, outs in runs.items():
+        for name, outs in runs_of(files, method, inputs).items():
             assert len(outs) == len(expected) == len(refs), name
             for out, same, ref in zip(outs, expected, refs):
                 out = torch.as_tensor(out)
                 assert_not_degenerate(ref)
                 torch.testing.assert_close(out, same, rtol=1e-3, atol=1e-3, msg=name)  # one engine, two runtimes
                 assert_close(out, ref, precision, MODEL_TOLERANCE)
+
+
+@pytest.mark.parametrize("precision, serialize", LAYOUTS)
+@pytest.mark.parametrize("model", ZOO)
+def test_zoo_programs_run_in_executorchs_runtime(model: str, precision: str, serialize: str, tmp_path: Path) -> None:
+    """ExecuTorch's C++ runtime (the runner): step by step, each engine call a CUDA graph, the method one graph."""
+    _check_zoo_runs(model, precision, serialize, tmp_path, lambda files, method, inputs: {
+        "runner": _runner_outputs(files, method, inputs, tmp_path),
+        "runner, CUDA graph": _runner_outputs(files, method, inputs, tmp_path, "--cuda-graph", "--repeat", "3"),
+        "runner, method graph": _runner_outputs(files, method, inputs, tmp_path, "--method-graph", "--repeat", "3")})
+
+
+@pytest.mark.skipif(PYTHON_RUNTIME is not None, reason=f"{PYTHON_RUNTIME}")
+@pytest.mark.parametrize("precision, serialize", LAYOUTS)
+@pytest.mark.parametrize("model", ZOO)
+def test_zoo_programs_run_in_executorchs_python_runtime(model: str, precision: str, serialize: str, tmp_path: Path) -> None:
+    """ExecuTorch's Python runtime with the native delegate registered, step by step and replaying CUDA graphs."""
+    def runs(files: dict[str, Path], method: str, inputs: list[torch.Tensor]) -> dict[str, Any]:
+        native = executorch_runtime.load(files["pte"], files.get("ptd"))
+        graphs = executorch_runtime.load(files["pte"], files.get("ptd"), RuntimeOptions(cuda_graph=True))
+        graphs.method(method).execute(inputs)
+        return {"python": native.method(method).execute(inputs),
+                "python, CUDA graph": graphs.method(method).execute(inputs)}  # replayed
+
+    _check_zoo_runs(model, precision, serialize, tmp_path, runs)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -109,8 +145,12 @@ def test_the_earlier_blob_layout_runs_natively(tmp_path: Path) -> None:
     x, ref = legacy_tr01_case()
     (out,) = _runner_outputs({"pte": LEGACY_TR01}, "forward", [x], tmp_path)
     assert_close(torch.from_numpy(out), ref, "fp32", MODEL_TOLERANCE)
-    if PYTHON_RUNTIME is None:
-        assert_close(executorch_runtime.load(LEGACY_TR01).method("forward").execute([x])[0], ref, "fp32", MODEL_TOLERANCE)
+
+
+@pytest.mark.skipif(PYTHON_RUNTIME is not None, reason=f"{PYTHON_RUNTIME}")
+def test_the_earlier_blob_layout_runs_in_executorchs_python_runtime() -> None:
+    x, ref = legacy_tr01_case()
+    assert_close(executorch_runtime.load(LEGACY_TR01).method("forward").execute([x])[0], ref, "fp32", MODEL_TOLERANCE)
 
 
 @pytest.mark.parametrize("model, overrides", [("llama_tiny", []), ("qwen2_tiny", []),
