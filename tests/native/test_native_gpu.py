@@ -25,6 +25,7 @@ from pipeline.runtime.generate import generate
 from pipeline.runtime.native_library import load_backend, run_runner
 from pipeline.runtime.options import RuntimeOptions
 from pipeline.steps import run_all
+from pipeline.steps.validate import validate_program
 from tests.helpers import GPU, LEGACY_TR01, MODEL_TOLERANCE, assert_close, assert_not_degenerate, legacy_tr01_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")]
@@ -151,6 +152,14 @@ def test_the_earlier_blob_layout_runs_natively(tmp_path: Path) -> None:
 def test_the_earlier_blob_layout_runs_in_executorchs_python_runtime() -> None:
     x, ref = legacy_tr01_case()
     assert_close(executorch_runtime.load(LEGACY_TR01).method("forward").execute([x])[0], ref, "fp32", MODEL_TOLERANCE)
+
+
+@pytest.mark.skipif(PYTHON_RUNTIME is not None, reason=f"{PYTHON_RUNTIME}")
+def test_validate_runs_in_executorchs_python_runtime(tmp_path: Path) -> None:
+    cfg = _cfg("model=mlp", "serialize=external", "runtime.executor=executorch")
+    files = run_all(_cfg("model=mlp", "serialize=external"), tmp_path)
+    forward = validate_program(cfg, files["pte"], files["ptd"])["methods"]["forward"]
+    assert forward["runtime"].startswith("executorch (TensorRTBackend, ") and forward["within_tolerance"], forward
 
 
 @pytest.mark.parametrize("model, overrides", [("llama_tiny", []), ("qwen2_tiny", []),
