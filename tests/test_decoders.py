@@ -192,6 +192,21 @@ def assert_teacher_forced(program: Any, model: Any, vocab: int, prompt_len: int,
     assert all(bool((g.argmax(-1) == w.argmax(-1)).all()) for g, w in zip(got, want))
 
 
+@pytest.mark.parametrize("family", suite.DECODERS + HELPED)
+def test_a_folder_of_every_suite_family_loads(family: str, tmp_path: Path) -> None:
+    """Each decoder family, saved by transformers (`save_pretrained` of the model the suite builds),
+    builds from its folder (`model=hf_decoder model.weights=<folder>`, the sizes from its config.json)
+    into a decoder that gives the same logits."""
+    (entry,) = suite.select([f"hf-decoder/{family}"])
+    built = objects.model(entry_config(entry))
+    built.checkpoint_module.save_pretrained(tmp_path / family)  # type: ignore[union-attr]
+    loaded = objects.model(typed(compose(["model=hf_decoder", f"model.weights={tmp_path / family}",  # type: ignore[arg-type]
+                                          f"model.kwargs.max_cache_len={suite.DECODER_CACHE}"])))
+    tokens = torch.randint(0, suite.DECODER_SIZE["vocab_size"], (1, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.prefill(tokens), built.prefill(tokens), rtol=0, atol=0)  # type: ignore[operator]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs CUDA and TensorRT")
 @pytest.mark.parametrize("family", suite.DECODERS + HELPED)

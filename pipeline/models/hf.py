@@ -13,6 +13,16 @@ import torch
 
 from pipeline import dtypes
 from pipeline.errors import ConfigError
+from pipeline.models.hf_folder import (
+    config_with,
+    encoder_class,
+    encoder_part,
+    first_line,
+    folder_config,
+    from_folder,
+    tower_config,
+    type_config_class,
+)
 from pipeline.models.registry import model_factory
 
 # architecture -> (model class, config class, what forward takes)
@@ -64,10 +74,13 @@ _TAKES = {"input_ids": "tokens", "pixel_values": "pixels", "input_features": "fe
 
 
 @model_factory
-def encoder(architecture: str | None = None, *, folder: str | None = None, **config: Any) -> torch.nn.Module:
+def encoder(architecture: str | None = None, *, folder: str | None = None, tower: str | None = None,
+            **config: Any) -> torch.nn.Module:
     """The encoder of `architecture` (a key of `ENCODERS`), its config's defaults overridden by
     `config`; or, from a model `folder`, the base model its `config.json` names, fields overridden
-    by `config`, its weights loaded as transformers loads them (`from_folder`).
+    by `config`, its weights loaded as transformers loads them (`from_folder`). A folder of a model
+    of several towers (SigLIP, CLIP: text and vision) builds the one `tower` names, from the
+    folder's weights of that tower.
 
     Raises:
         ConfigError: an unknown architecture, or a folder whose model transformers cannot build.
@@ -75,23 +88,31 @@ def encoder(architecture: str | None = None, *, folder: str | None = None, **con
     import transformers
 
     if folder is not None:
-        cfg = folder_config(folder, architecture, config)
+        cfg = folder_config(folder, architecture, {} if tower else config)
+        cfg = tower_config(cfg, tower, config, f"model folder {folder!r}")
         cfg._attn_implementation = "eager"
-        model, loaded = from_folder(transformers.AutoModel, cfg, folder)
+        model, loaded = from_folder(encoder_class(cfg), cfg, folder)
         takes = _TAKES.get(model.main_input_name)
+        model, loaded = encoder_part(model, loaded)
+        if tower:  # the other towers' weights (and the pair's own, e.g. SigLIP's logit scale) are not this model's
+            own = {key.split(".")[0] for key in model.state_dict()}
+            loaded["unexpected_keys"] = [k for k in loaded["unexpected_keys"] if k.split(".")[0] in own]
         if takes is None:
             raise ConfigError(f"model folder {folder!r}: a {type(model).__name__} takes {model.main_input_name!r}; an "
                               f"encoder program takes one of {sorted(_TAKES)}")
         built = Encoder(model.eval(), takes)
         built.folder_loading = loaded
         return built
+    if tower is not None:
+        raise ConfigError(f"model.kwargs.tower = {tower!r} picks a tower of a model folder; set model.weights=<folder> "
+                          "or drop model.kwargs.tower")
     if architecture is None:
         raise ConfigError("pipeline.models.hf.encoder builds from a Hugging Face model folder (model.weights=<folder>) "
                           f"or from model.kwargs.architecture (one of {sorted(ENCODERS)}); give one")
     if architecture not in ENCODERS:
         raise ConfigError(f"model.kwargs.architecture = {architecture!r} is not one of {sorted(ENCODERS)}")
     model_name, config_name, takes = ENCODERS[architecture]
-    cfg = _config(getattr(transformers, config_name), config)
+    cfg = config_with(getattr(transformers, config_name), config)
     cfg._attn_implementation = "eager"  # plain ops: the graph TensorRT sees does not depend on the machine
     model = getattr(transformers, model_name)(cfg)
     if architecture == "whisper_encoder":
@@ -124,7 +145,7 @@ class Decoder(torch.nn.Module):
         try:
             self.model = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:  # KeyError: a layer kind it has no static form of
-            raise ConfigError(f"a {type(model).__name__} gets no static KV cache from transformers ({_first_line(exc)}); "
+            raise ConfigError(f"a {type(model).__name__} gets no static KV cache from transformers ({first_line(exc)}); "
                               "decoder programs keep a KV cache, so this family cannot build as one") from exc
         recurrent = [type(layer).__name__ for layer in self.model.static_cache.layers if not hasattr(layer, "keys")]
         if recurrent:
@@ -313,7 +334,7 @@ def decoder(architecture: str | None = None, max_cache_len: int = 0, dtype: str 
         model_class = causal_lm_class(cfg.model_type, f"model folder {folder!r}")
     else:
         model_class = causal_lm_class(str(architecture), "model.kwargs.architecture")
-        cfg = _config(type_config_class(str(architecture)), config)
+        cfg = config_with(type_config_class(str(architecture)), config)
     dtype = dtype or (str(cfg.dtype).removeprefix("torch.") if folder is not None and cfg.dtype is not None else "float32")
     row = dtypes.by_name(dtype)
     if row is None or not row.torch.is_floating_point:
@@ -331,7 +352,7 @@ def decoder(architecture: str | None = None, max_cache_len: int = 0, dtype: str 
         if attn_implementation is None:
             raise
         raise ConfigError(f"model.kwargs.attn_implementation = {attn_implementation!r}: transformers refuses it for a "
-                          f"{model_class.__name__} ({_first_line(exc)}); drop it (sdpa where the family has it, else eager)") from exc
+                          f"{model_class.__name__} ({first_line(exc)}); drop it (sdpa where the family has it, else eager)") from exc
     model = model.to(row.torch).eval().requires_grad_(False)
     built = Decoder(model, int(max_cache_len), tokenizer.from_folder(folder) if folder is not None else None).eval()
     built.folder_loading = loaded
@@ -366,105 +387,3 @@ def causal_lm_class(model_type: str, where: str) -> Any:
         raise ConfigError(f"{where}: {model_type!r} is not a causal-LM model type of transformers {transformers.__version__}"
                           + (f" (close: {close})" if close else "") + "; an encoder builds with pipeline.models.hf.encoder")
     return getattr(transformers, name)
-
-
-def type_config_class(model_type: str) -> Any:
-    """The `transformers` config class of `model_type`."""
-    import transformers
-
-    return transformers.CONFIG_MAPPING[model_type]
-
-
-def folder_config(folder: str, architecture: str | None, fields: dict[str, Any]) -> Any:
-    """The `transformers` config a model folder's `config.json` gives, `fields` set on it. Read from
-    the local file only; a config that names code of its own (`auto_map`) is refused.
-
-    Raises:
-        ConfigError: the config names code, an architecture transformers does not have or other
-            than `architecture`, or a field it does not have.
-    """
-    import json
-    from pathlib import Path
-
-    import transformers
-
-    from pipeline.files import read_regular
-
-    path = Path(folder) / "config.json"
-    try:
-        raw = json.loads(read_regular(path, "the model folder's config.json", 1 << 26))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path} is not a JSON config ({exc}); save the model with save_pretrained") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} is not a JSON object; save the model with save_pretrained")
-    if raw.get("auto_map"):
-        raise ConfigError(f"{path} names code of its own (auto_map: {sorted(raw['auto_map'])}); no code from a model folder "
-                          "runs here (trust_remote_code is refused): use a model type transformers has")
-    kind = raw.get("model_type")
-    if architecture is not None and architecture != kind:
-        raise ConfigError(f"model.kwargs.architecture = {architecture!r}, but {path} is a {kind!r} model; drop "
-                          "model.kwargs.architecture (the folder names it)")
-    if kind not in transformers.CONFIG_MAPPING:
-        raise ConfigError(f"{path} names model_type {kind!r}, which transformers {transformers.__version__} does not have; "
-                          "save the model with a transformers that does, or upgrade transformers")
-    cfg = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    _check_fields(type(cfg), cfg.to_dict(), fields)
-    for name, value in fields.items():
-        setattr(cfg, name, value)
-    return cfg
-
-
-def from_folder(model_class: Any, cfg: Any, folder: str, dtype: torch.dtype | None = None) -> tuple[Any, dict[str, list[str]]]:
-    """The model of a folder as transformers loads it (`from_pretrained`, its weights' keys mapped by
-    transformers' own conversion, as for the names ViT-family checkpoints keep), built from `cfg`;
-    and the keys it did not set, could not place, or found of another shape (`objects.model` holds
-    them to `model.weights_partial`).
-
-    Raises:
-        ConfigError: transformers has no such model for the config, or cannot read the folder's weights.
-    """
-    from safetensors import SafetensorError
-
-    try:
-        model, info = model_class.from_pretrained(folder, config=cfg, local_files_only=True, trust_remote_code=False,
-                                                  output_loading_info=True, attn_implementation=cfg._attn_implementation,
-                                                  **({"dtype": dtype} if dtype is not None else {}))
-    except ValueError as exc:
-        if "Unrecognized configuration class" not in str(exc):
-            raise
-        raise ConfigError(f"model folder {folder!r}: transformers has no {model_class.__name__} for a {type(cfg).__name__} "
-                          f"({_first_line(exc)}); build it with the other factory (pipeline.models.hf.encoder or .decoder)") from exc
-    except SafetensorError as exc:
-        raise ConfigError(f"model folder {folder!r}: a weight file is not safetensors (truncated or another format: "
-                          f"{_first_line(exc)}); copy the folder again or save it with save_pretrained") from exc
-    except (OSError, RuntimeError) as exc:
-        raise ConfigError(f"model folder {folder!r}: transformers cannot load its weights into a {type(cfg).__name__}'s "
-                          f"model ({_first_line(exc)}); check the folder's files and model.kwargs") from exc
-    return model, {k: sorted(map(str, info.get(k) or ())) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-
-
-def _config(config_class: Any, fields: dict[str, Any]) -> Any:
-    """The `transformers` config with `fields` set. `transformers` keeps any keyword as an attribute,
-    so a misspelt field would silently build the default-sized model: unknown fields are refused.
-
-    Raises:
-        ConfigError: a field the config class does not have.
-    """
-    _check_fields(config_class, config_class().to_dict(), fields)
-    return config_class(**fields)
-
-
-def _check_fields(config_class: Any, known: dict[str, Any], fields: dict[str, Any]) -> None:
-    """Refuse a field neither the config nor its aliases (`attribute_map`: GPT-2's `hidden_size`
-    is its `n_embd`) have."""
-    import difflib
-
-    names = [*known, *getattr(config_class, "attribute_map", {})]
-    for name in sorted(set(fields) - set(names)):
-        close = difflib.get_close_matches(name, names, n=1)
-        raise ConfigError(f"model.kwargs.{name} is not a field of {config_class.__name__}"
-                          + (f" (did you mean {close[0]!r}?)" if close else ""))
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0][:200]

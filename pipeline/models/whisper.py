@@ -112,7 +112,7 @@ def whisper(max_cache_len: int = 0, dtype: str = "float32", *, folder: str | Non
     import transformers
 
     from pipeline import dtypes
-    from pipeline.models.hf import _config, folder_config, from_folder
+    from pipeline.models.hf_folder import config_with, folder_config, from_folder
 
     if folder is not None:
         cfg = folder_config(folder, "whisper", config)
@@ -120,7 +120,7 @@ def whisper(max_cache_len: int = 0, dtype: str = "float32", *, folder: str | Non
         raise ConfigError("pipeline.models.whisper.whisper builds from a Hugging Face model folder (model.weights=<folder>) "
                           "or from the sizes model.kwargs gives (model=whisper_tiny); give one")
     else:
-        cfg = _config(transformers.WhisperConfig, config)
+        cfg = config_with(transformers.WhisperConfig, config)
     if not 1 <= int(max_cache_len) <= cfg.max_target_positions:
         raise ConfigError(f"model.kwargs.max_cache_len = {max_cache_len} must be within 1..{cfg.max_target_positions} "
                           "(the decoder's positions, max_target_positions)")

@@ -122,7 +122,7 @@ def test_fp8_calibration_of_finite_samples_builds(tmp_path: Path) -> None:
 
 
 def test_pipes_and_archives_where_files_are_read_are_one_line(tmp_path: Path) -> None:
-    from pipeline.models.hf import folder_config
+    from pipeline.models.hf_folder import folder_config
     from pipeline.runtime import speech, tokenizer
 
     folder = tmp_path / "folder"
