@@ -1,12 +1,13 @@
-"""Greedy transcription: Whisper programs (`transcribe`) and transducer programs
-(`transcribe_transducer`, below). A Whisper program (`pipeline.models.whisper`) runs `encoder` once on the
+"""Greedy transcription: Whisper programs (`transcribe`), transducer programs
+(`transcribe_transducer`) and CTC programs (`transcribe_ctc`, below). A Whisper program (`pipeline.models.whisper`) runs `encoder` once on the
 utterance's log-mel features (it writes the cross-attention keys and values into the program's state),
 then `text_decoder` on the prompt (the decoder start token, or the tokens the caller gives: language,
 task, ...) and once per new token, choosing each as `transformers`' Whisper `generate` does greedily:
 the argmax of the last logits, never one of `suppress_tokens`, nor first one of
 `begin_suppress_tokens`; it stops after the end-of-transcript token or when the cache is full.
 
-    python -m pipeline.runtime.speech PROGRAM.pte --features features.npy [--ptd PROGRAM.ptd] [--max-new-tokens 64]
+    python -m pipeline.runtime.speech PROGRAM.pte --audio speech.wav --model-folder FOLDER [--ptd PROGRAM.ptd]
+    python -m pipeline.runtime.speech PROGRAM.pte --features features.npy [--max-new-tokens 64]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pipeline.runtime.generate import capacity
 FEATURES_LIMIT = 1 << 30  # bytes of a features file
 
 SUPPRESS_METHOD = "whisper_suppress_tokens"  # the constant method with both lists (JSON)
+CTC_BLANK = "ctc_blank_id"  # the constant method a CTC program carries its blank's id in
 
 
 def transcribe(program: Any, features: torch.Tensor, prompt: Sequence[int] | None = None,
@@ -101,35 +103,80 @@ def transcribe_transducer(program: Any, features: torch.Tensor, max_symbols_per_
     return out
 
 
+def transcribe_ctc(program: Any, features: torch.Tensor) -> list[int]:
+    """The token ids a CTC program (`pipeline.models.parakeet`) transcribes `features` [1, frames, mels]
+    to, greedily: `encoder` once on them padded to its frames (with the mask saying which are the
+    utterance's), the argmax of each encoder frame, the padding's frames taken as blank, runs of one
+    id merged and the blank dropped, as transformers' `generate` and tokenizer do.
+
+    Raises:
+        InputError: the program is not a CTC program, or the utterance is longer than its frames.
+    """
+    if CTC_BLANK not in program.constant_names:
+        raise InputError(f"the program has no {CTC_BLANK!r} constant method: it is not a CTC program "
+                         "(build one with pipeline.models.parakeet.parakeet)")
+    blank = int(program.constant(CTC_BLANK))
+    encoder = program.method("encoder")
+    spec = encoder.inputs[0]  # pipeline.runtime's TensorInfo (its planned shape), or ExecuTorch's runtime's TensorSpec
+    frames = int((getattr(spec, "max", None) or spec.shape)[1])
+    if features.dim() != 3 or features.shape[0] != 1 or not 1 <= features.shape[1] <= frames:
+        raise InputError(f"features of shape {list(features.shape)}: the program takes one utterance [1, frames, mels] "
+                         f"of 1..{frames} frames; build it with longer inputs (model.methods.encoder.inputs) for more")
+    device = getattr(program, "device", torch.device("cpu"))
+    padded = torch.zeros(1, frames, features.shape[2], dtype=features.dtype)
+    padded[:, :features.shape[1]] = features
+    mask = torch.zeros(1, frames, dtype=torch.int64)
+    mask[:, :features.shape[1]] = 1
+    logits, valid = encoder.execute([padded.to(device), mask.to(device)])
+    best = logits[0].argmax(-1).masked_fill(valid[0] == 0, blank).tolist()
+    return [t for i, t in enumerate(best) if t != blank and (i == 0 or t != best[i - 1])]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Transcribe a `.npy` of log-mel features [1, mels, frames]; print the token ids."""
+    """Transcribe an audio file (with the model folder's feature extractor) or a `.npy` of log-mel
+    features; print the token ids, and their text where the folder has a tokenizer."""
     import numpy as np
 
     from pipeline.cli import reported
-    from pipeline.runtime import load
+    from pipeline.runtime import audio, load
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pte")
     parser.add_argument("--ptd", default=None)
-    parser.add_argument("--features", required=True, help=".npy of log-mel features [1, mels, frames], float32")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--audio", help="an audio file (WAV, FLAC, OGG); needs --model-folder")
+    given.add_argument("--features", help=".npy of log-mel features as the model's feature extractor makes them "
+                                          "(Whisper and transducers [1, mels, frames], Parakeet [1, frames, mels]), float32")
+    parser.add_argument("--model-folder", help="the model folder the program was built from: its feature extractor "
+                                               "and tokenizer")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="Whisper: at most this many tokens")
     args = parser.parse_args(argv)
     with reported():
-        data = read_regular(args.features, "--features", FEATURES_LIMIT, InputError)
-        try:
-            array = np.load(io.BytesIO(data), allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:  # not NumPy's (a pickle is never loaded)
-            raise InputError(f"{args.features} is not a .npy array of log-mel features [1, mels, frames] ({exc})") from None
-        if not isinstance(array, np.ndarray) or array.dtype.kind != "f":
-            raise InputError(f"{args.features} is not a .npy array of float log-mel features [1, mels, frames] (an .npz "
-                             "archive or another kind); save one array with numpy.save")
-        features = torch.from_numpy(array)
+        if args.audio is not None:
+            if args.model_folder is None:
+                raise InputError("--audio needs --model-folder: the folder whose feature extractor makes its features")
+            features = audio.features(args.audio, args.model_folder)
+        else:
+            data = read_regular(args.features, "--features", FEATURES_LIMIT, InputError)
+            try:
+                array = np.load(io.BytesIO(data), allow_pickle=False)
+            except (ValueError, OSError, EOFError) as exc:  # not NumPy's (a pickle is never loaded)
+                raise InputError(f"{args.features} is not a .npy array of log-mel features ({exc})") from None
+            if not isinstance(array, np.ndarray) or array.dtype.kind != "f":
+                raise InputError(f"{args.features} is not a .npy array of float log-mel features (an .npz archive or "
+                                 "another kind); save one array with numpy.save")
+            features = torch.from_numpy(array)
         program = load(args.pte, args.ptd)
-        if "blank_id" in program.constant_names:
+        if CTC_BLANK in program.constant_names:
+            tokens = transcribe_ctc(program, features)
+        elif "blank_id" in program.constant_names:
             tokens = transcribe_transducer(program, features)
         else:
             tokens = transcribe(program, features, max_new_tokens=args.max_new_tokens)
         print(" ".join(map(str, tokens)))
+        said = audio.text(tokens, args.model_folder) if args.model_folder else None
+        if said is not None:
+            print(said)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""An audio file as a speech program takes it: read by soundfile (from a bounded regular file), made
+into log-mel features by the model folder's own feature extractor (transformers' `AutoFeatureExtractor`:
+Whisper's [1, mels, frames], Parakeet's [1, frames, mels]), and the transcribed ids made text by the
+folder's tokenizer where it has one."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from pipeline.errors import InputError
+from pipeline.files import read_regular
+
+AUDIO_LIMIT = 1 << 30  # bytes of an audio file
+
+
+def features(audio: str | Path, folder: str | Path) -> torch.Tensor:
+    """The log-mel features of `audio` (its channels averaged) as the feature extractor of the model
+    `folder` makes them.
+
+    Raises:
+        InputError: the file is not audio soundfile reads, the folder has no feature extractor, or the
+            audio's sample rate is not the one the extractor takes.
+    """
+    import soundfile
+    import transformers
+
+    data = read_regular(audio, "--audio", AUDIO_LIMIT, InputError)
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+        raise InputError(f"{audio} is not an audio file soundfile reads ({_first_line(exc)}); give a WAV, FLAC or OGG "
+                         "file") from None
+    try:
+        extractor = transformers.AutoFeatureExtractor.from_pretrained(str(folder), local_files_only=True,
+                                                                      trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"model folder {folder}: no feature extractor transformers loads ({_first_line(exc)}); give the "
+                         "folder the model was saved in with its preprocessor_config.json") from None
+    if rate != extractor.sampling_rate:
+        raise InputError(f"{audio} is sampled at {rate} Hz and the model's feature extractor takes "
+                         f"{extractor.sampling_rate} Hz: resample it first")
+    made = extractor(samples.mean(axis=1), sampling_rate=rate, return_tensors="pt")
+    return made["input_features"].float()
+
+
+def text(ids: Sequence[int], folder: str | Path) -> str | None:
+    """`ids` as text by the tokenizer of the model `folder`; None where the folder has none."""
+    import transformers
+
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                                               trust_remote_code=False)
+    except (OSError, ValueError, TypeError):
+        return None
+    return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

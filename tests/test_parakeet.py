@@ -1,0 +1,135 @@
+"""Parakeet CTC from a folder transformers saved (issue 59): `model=parakeet` computes what transformers'
+`ParakeetForCTC` computes (padding to the program's frames changes nothing under the mask), lowers whole
+into one engine whose network the reference executor finds right, and `transcribe` (an audio file
+through the folder's feature extractor) gives the ids transformers' `generate` and CTC decoding give:
+on the CPU in a program of portable kernels, in pipeline.runtime and in ExecuTorch's runtime; on a GPU
+in the TensorRT program."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import steps
+from pipeline.config import objects
+from pipeline.config.compose import compose, typed
+from pipeline.errors import ConfigError, InputError
+from pipeline.runtime import executorch_runtime, load
+from pipeline.runtime.speech import main as speech_main
+from pipeline.runtime.speech import transcribe_ctc
+from tests.helpers import gpu
+
+ENCODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "num_key_value_heads": 2, "subsampling_conv_channels": 16, "conv_kernel_size": 9, "num_mel_bins": 80}
+VOCAB, BLANK = 33, 32
+FRAMES = "model.methods.encoder.inputs=[{shape: [1, 400, 80]}, {shape: [1, 400], dtype: int64, low: 0, high: 2}]"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random ParakeetForCTC and its feature extractor, as save_pretrained writes them."""
+    import transformers
+
+    path = tmp_path_factory.mktemp("parakeet")
+    torch.manual_seed(0)
+    config = transformers.ParakeetCTCConfig(encoder_config=ENCODER, vocab_size=VOCAB, pad_token_id=BLANK)
+    transformers.ParakeetForCTC(config).save_pretrained(path)
+    transformers.ParakeetFeatureExtractor().save_pretrained(path)
+    return path
+
+
+def _reference(folder: Path) -> Any:
+    import transformers
+
+    return transformers.ParakeetForCTC.from_pretrained(folder, local_files_only=True, attn_implementation="eager").eval()
+
+
+def _wav(path: Path, seconds: float, rate: int = 16000) -> Path:
+    import soundfile
+
+    samples = np.random.default_rng(7).standard_normal(int(seconds * rate)).astype(np.float32) * 0.1
+    soundfile.write(path, samples, rate)
+    return path
+
+
+def _ctc(sequence: list[int]) -> list[int]:
+    return [t for i, t in enumerate(sequence) if t != BLANK and (i == 0 or t != sequence[i - 1])]
+
+
+def test_the_model_is_transformers_and_padding_changes_nothing(folder: Path) -> None:
+    model = objects.model(typed(compose(["model=parakeet", f"model.weights={folder}"])))  # type: ignore[arg-type]
+    reference = _reference(folder)
+    features = torch.randn(1, 700, 80, generator=torch.Generator().manual_seed(1))
+    padded, mask = torch.zeros(1, 1000, 80), torch.zeros(1, 1000, dtype=torch.int64)
+    padded[:, :700], mask[:, :700] = features, 1
+    with torch.no_grad():
+        logits, valid = model.encoder(padded, mask)  # type: ignore[operator]
+        alone = reference(input_features=features).logits
+    assert int(valid.sum()) == alone.shape[1] and bool(valid[0, :alone.shape[1]].all())
+    torch.testing.assert_close(logits[:, :alone.shape[1]], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_parakeet_builds_whole_and_its_network_is_right(folder: Path, tmp_path: Path) -> None:
+    steps.run_all(typed(compose(["model=parakeet", f"model.weights={folder}", "cache=off"])), tmp_path)  # type: ignore[arg-type]
+    report = json.loads((tmp_path / "report.json").read_text())["encoder"]
+    assert report["left_over"] == [] and report["num_engines"] == 1
+    (engine,) = report["engines"]
+    assert engine["reference"]["max_rel_error"] <= 1e-3, engine["reference"]
+
+
+def test_an_audio_file_transcribes_as_transformers_does(folder: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A program of portable kernels (nothing for TensorRT, so it runs on the CPU): from an audio file,
+    the ids transformers' feature extractor, generate and CTC decoding give, in both runtimes."""
+    import soundfile
+    import transformers
+
+    files = steps.run_all(typed(compose(["model=parakeet", f"model.weights={folder}", "cache=off",  # type: ignore[arg-type]
+                                         "compile.min_block_size=100000", FRAMES])), tmp_path / "build")
+    wav = _wav(tmp_path / "speech.wav", 1.5)
+    features = transformers.ParakeetFeatureExtractor.from_pretrained(folder)(
+        soundfile.read(wav, dtype="float32")[0], sampling_rate=16000, return_tensors="pt")["input_features"]
+    with torch.no_grad():
+        want = _ctc(_reference(folder).generate(input_features=features)[0].tolist())
+    assert want  # random weights still say something
+    speech_main([str(files["pte"]), "--audio", str(wav), "--model-folder", str(folder)])
+    assert capsys.readouterr().out.split() == [str(t) for t in want]  # no tokenizer in the folder: ids only
+    assert transcribe_ctc(executorch_runtime.load(files["pte"]), features) == want
+    with pytest.raises(InputError, match=r"the program takes one utterance \[1, frames, mels\] of 1..400 frames"):
+        transcribe_ctc(load(files["pte"]), torch.randn(1, 401, 80))
+
+
+def test_what_parakeet_cannot_take_is_one_line(folder: Path, tmp_path: Path) -> None:
+    import transformers
+
+    tdt = tmp_path / "tdt"
+    transformers.ParakeetForTDT(transformers.ParakeetTDTConfig(encoder_config=ENCODER)).save_pretrained(tdt)
+    with pytest.raises(ConfigError, match=r"is a 'ParakeetForTDT' model; .* builds \['ParakeetForCTC'\] folders \(a "
+                                          r"transducer's decoding is not built here yet\)$"):
+        objects.model(typed(compose(["model=parakeet", f"model.weights={tdt}"])))  # type: ignore[arg-type]
+    from pipeline.runtime import audio
+
+    with pytest.raises(InputError, match=r"is sampled at 8000 Hz and the model's feature extractor takes 16000 Hz"):
+        audio.features(_wav(tmp_path / "low.wav", 0.5, rate=8000), folder)
+    (tmp_path / "noise.wav").write_bytes(b"RIFF" + bytes(100))
+    with pytest.raises(InputError, match=r"noise.wav is not an audio file soundfile reads"):
+        audio.features(tmp_path / "noise.wav", folder)
+    with pytest.raises(InputError, match=r"no feature extractor transformers loads"):
+        audio.features(_wav(tmp_path / "ok.wav", 0.5), tmp_path)
+
+
+@gpu
+def test_the_tensorrt_program_transcribes_as_transformers_does(folder: Path, tmp_path: Path) -> None:
+    files = steps.run_all(typed(compose(["model=parakeet", f"model.weights={folder}", "cache=off"])), tmp_path)  # type: ignore[arg-type]
+    reference = _reference(folder)
+    for seconds in (1.0, 12.0, 30.0):
+        frames = int(seconds * 100)
+        features = torch.randn(1, frames, 80, generator=torch.Generator().manual_seed(frames))
+        with torch.no_grad():
+            want = _ctc(reference.generate(input_features=features)[0].tolist())
+        assert transcribe_ctc(load(files["pte"]), features) == want, seconds
