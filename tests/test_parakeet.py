@@ -1,9 +1,10 @@
-"""Parakeet CTC from a folder transformers saved (issue 59): `model=parakeet` computes what transformers'
+"""Parakeet from folders transformers saved (issue 59). CTC (`model=parakeet`) computes what transformers'
 `ParakeetForCTC` computes (padding to the program's frames changes nothing under the mask), lowers whole
 into one engine whose network the reference executor finds right, and `transcribe` (an audio file
-through the folder's feature extractor) gives the ids transformers' `generate` and CTC decoding give:
-on the CPU in a program of portable kernels, in pipeline.runtime and in ExecuTorch's runtime; on a GPU
-in the TensorRT program."""
+through the folder's feature extractor) gives the ids transformers' `generate` and CTC decoding give.
+RNN-T and TDT (`model=parakeet_transducer`) lower whole, three methods, and transcribe as transformers'
+`generate` does. On the CPU in programs of portable kernels, in pipeline.runtime and in ExecuTorch's
+runtime; on a GPU in the TensorRT programs."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pipeline.config.compose import compose, typed
 from pipeline.errors import ConfigError, InputError
 from pipeline.runtime import executorch_runtime, load
 from pipeline.runtime.speech import main as speech_main
-from pipeline.runtime.speech import transcribe_ctc
+from pipeline.runtime.speech import transcribe_ctc, transcribe_transducer
 from tests.helpers import gpu
 
 ENCODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -104,14 +105,11 @@ def test_an_audio_file_transcribes_as_transformers_does(folder: Path, tmp_path: 
         transcribe_ctc(load(files["pte"]), torch.randn(1, 401, 80))
 
 
-def test_what_parakeet_cannot_take_is_one_line(folder: Path, tmp_path: Path) -> None:
-    import transformers
-
-    tdt = tmp_path / "tdt"
-    transformers.ParakeetForTDT(transformers.ParakeetTDTConfig(encoder_config=ENCODER)).save_pretrained(tdt)
-    with pytest.raises(ConfigError, match=r"is a 'ParakeetForTDT' model; .* builds \['ParakeetForCTC'\] folders \(a "
-                                          r"transducer's decoding is not built here yet\)$"):
-        objects.model(typed(compose(["model=parakeet", f"model.weights={tdt}"])))  # type: ignore[arg-type]
+def test_what_parakeet_cannot_take_is_one_line(folder: Path, transducers: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"is a 'ParakeetForTDT' model; build it with model=parakeet_transducer$"):
+        objects.model(typed(compose(["model=parakeet", f"model.weights={transducers['tdt']}"])))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"is a 'ParakeetForCTC' model; build it with model=parakeet$"):
+        objects.model(typed(compose(["model=parakeet_transducer", f"model.weights={folder}"])))  # type: ignore[arg-type]
     from pipeline.runtime import audio
 
     with pytest.raises(InputError, match=r"is sampled at 8000 Hz and the model's feature extractor takes 16000 Hz"):
@@ -121,6 +119,68 @@ def test_what_parakeet_cannot_take_is_one_line(folder: Path, tmp_path: Path) -> 
         audio.features(tmp_path / "noise.wav", folder)
     with pytest.raises(InputError, match=r"no feature extractor transformers loads"):
         audio.features(_wav(tmp_path / "ok.wav", 0.5), tmp_path)
+
+
+@pytest.fixture(scope="module")
+def transducers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny random ParakeetForRNNT and ParakeetForTDT (their decoder starting on the blank)."""
+    import transformers
+
+    out = {}
+    for kind, (config, model) in {"rnnt": ("ParakeetRNNTConfig", "ParakeetForRNNT"),
+                                  "tdt": ("ParakeetTDTConfig", "ParakeetForTDT")}.items():
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config)(encoder_config=ENCODER, vocab_size=VOCAB, blank_token_id=BLANK, pad_token_id=0,
+                                            decoder_start_token_id=BLANK, decoder_hidden_size=24, num_decoder_layers=2)
+        out[kind] = tmp_path_factory.mktemp(kind)
+        getattr(transformers, model)(cfg).save_pretrained(out[kind])
+    return out
+
+
+def _transducer_ids(folder: Path, features: torch.Tensor) -> list[int]:
+    """What transformers' `generate` transcribes: its sequence less the start token and the blanks."""
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return [t for t in model.generate(input_features=features).sequences[0, 1:].tolist() if t != BLANK]
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_a_transducer_folder_transcribes_as_transformers_does(kind: str, transducers: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    files = steps.run_all(typed(compose(["model=parakeet_transducer", f"model.weights={transducers[kind]}",  # type: ignore[arg-type]
+                                         "model.kwargs.max_frames=400", "cache=off", "compile.min_block_size=100000"])),
+                          tmp_path)
+    for frames in (120, 400):
+        features = torch.randn(1, frames, 80, generator=torch.Generator().manual_seed(frames))
+        want = _transducer_ids(transducers[kind], features)
+        assert want and transcribe_transducer(load(files["pte"]), features) == want, frames
+        assert transcribe_transducer(executorch_runtime.load(files["pte"]), features) == want, frames
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_a_transducer_builds_whole_and_its_networks_are_right(kind: str, transducers: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    steps.run_all(typed(compose(["model=parakeet_transducer", f"model.weights={transducers[kind]}", "cache=off"])),  # type: ignore[arg-type]
+                  tmp_path)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert sorted(report) == ["decoder_step", "encoder", "joint"]
+    for method in report.values():
+        assert method["left_over"] == [] and method["num_engines"] == 1, method
+        (engine,) = method["engines"]
+        assert engine["reference"]["max_rel_error"] <= 1e-3, engine["reference"]
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_the_tensorrt_transducer_transcribes_as_transformers_does(kind: str, transducers: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    files = steps.run_all(typed(compose(["model=parakeet_transducer", f"model.weights={transducers[kind]}", "cache=off"])),  # type: ignore[arg-type]
+                          tmp_path)
+    for frames in (100, 1200, 3000):
+        features = torch.randn(1, frames, 80, generator=torch.Generator().manual_seed(frames))
+        assert transcribe_transducer(load(files["pte"]), features) == _transducer_ids(transducers[kind], features), frames
 
 
 @gpu

@@ -73,34 +73,78 @@ def transcribe(program: Any, features: torch.Tensor, prompt: Sequence[int] | Non
         logits = decoder.execute([torch.tensor([[token]], device=device), torch.tensor([position], device=device)])[0]
 
 
-def transcribe_transducer(program: Any, features: torch.Tensor, max_symbols_per_frame: int = 10) -> list[int]:
-    """The token ids a transducer program (`pipeline.models.transducer`) transcribes `features` to,
-    greedily: `encoder` once, the prediction network started on the blank, then per encoder frame the
-    joint's argmax: the blank moves to the next frame, any other token is emitted and advances the
-    prediction network (at most `max_symbols_per_frame` tokens a frame).
+def transcribe_transducer(program: Any, features: torch.Tensor, max_symbols_per_frame: int | None = None) -> list[int]:
+    """The token ids a transducer program (`pipeline.models.transducer`, Parakeet's RNN-T and TDT from
+    `pipeline.models.parakeet`) transcribes `features` to, greedily: `encoder` once (a Parakeet encoder on
+    the features padded to its frames, with their mask, keeping its frames in the program's state, where
+    `joint` reads them by index), the prediction network started on the blank (or the program's `decoder_start_id`),
+    then the joint's argmax on the current frame and the last prediction: a token is emitted and advances
+    the prediction network; RNN-T moves to the next frame on the blank or after `max_symbols_per_frame`
+    tokens at one frame (the program's `max_symbols_per_step`, else 10); TDT moves by the duration the
+    joint predicts (at least one frame on the blank). A program that carries `max_symbols_per_step` stops,
+    as transformers' `generate` does, after that many steps per frame of the utterance, less one.
 
     Raises:
         InputError: the program is not a transducer program.
     """
-    if max_symbols_per_frame < 1:
-        raise InputError(f"max_symbols_per_frame = {max_symbols_per_frame}: a frame may emit at least 1 token")
-    if "blank_id" not in program.constant_names:
+    names = program.constant_names
+    if "blank_id" not in names:
         raise InputError("the program has no 'blank_id' constant method: it is not a transducer program "
                          "(build one with pipeline.models.transducer.transducer)")
+    limit = max_symbols_per_frame or (int(program.constant("max_symbols_per_step")) if "max_symbols_per_step" in names
+                                      else 10)
+    if limit < 1:
+        raise InputError(f"max_symbols_per_frame = {limit}: a frame may emit at least 1 token")
     blank = int(program.constant("blank_id"))
+    durations = json.loads(program.constant("tdt_durations")) if "tdt_durations" in names else None
+    vocab = int(program.constant("tdt_vocab_size")) if durations is not None else None
     encoder, step, joint = (program.method(name) for name in ("encoder", "decoder_step", "joint"))
     device = getattr(program, "device", torch.device("cpu"))
-    frames = encoder.execute([features.to(device)])[0].clone()  # the method's own memory is reused by later calls
-    prediction = step.execute([torch.tensor([blank], device=device)])[0].clone()
+    in_state = len(joint.inputs) == 1  # Parakeet: the frames and the prediction stay in the program's state
+    if in_state:  # features padded to the program's frames, and their mask
+        (valid,) = encoder.execute(_padded(encoder, features, device))
+        count, frames = int(valid.sum()), None
+    else:
+        (frames,) = encoder.execute([features.to(device)])
+        count, frames = frames.shape[1], frames.clone()  # the method's own memory is reused by later calls
+    cap = limit * count - 1 if "max_symbols_per_step" in names else None
+    start = int(program.constant("decoder_start_id")) if "decoder_start_id" in names else blank
+    prediction = step.execute([torch.tensor([start], device=device)])[0].clone()
     out: list[int] = []
-    for t in range(frames.shape[1]):
-        for _ in range(max_symbols_per_frame):
-            token = int(joint.execute([frames[:, t].contiguous(), prediction])[0][0].argmax())
-            if token == blank:
-                break
+    t = symbols = steps = 0
+    while t < count and (cap is None or steps < cap):
+        call = [torch.tensor([t], device=device)] if frames is None else [frames[:, t].contiguous(), prediction]
+        logits = joint.execute(call)[0][0]
+        steps += 1
+        token = int(logits[:vocab].argmax())
+        if token != blank:
             out.append(token)
             prediction = step.execute([torch.tensor([token], device=device)])[0].clone()
+        if durations is not None:
+            t += max(durations[int(logits[vocab:].argmax())], int(token == blank))
+        elif token == blank or symbols + 1 >= limit:
+            t, symbols = t + 1, 0
+        else:
+            symbols += 1
     return out
+
+
+def _padded(encoder: Any, features: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+    """`features` [1, frames, mels] padded to the frames `encoder` takes, and the mask of the utterance's.
+
+    Raises:
+        InputError: not one utterance, or longer than the program's frames.
+    """
+    spec = encoder.inputs[0]  # pipeline.runtime's TensorInfo (its planned shape), or ExecuTorch's runtime's TensorSpec
+    frames = int((getattr(spec, "max", None) or spec.shape)[1])
+    if features.dim() != 3 or features.shape[0] != 1 or not 1 <= features.shape[1] <= frames:
+        raise InputError(f"features of shape {list(features.shape)}: the program takes one utterance [1, frames, mels] "
+                         f"of 1..{frames} frames; build it with longer inputs (model.methods.encoder.inputs) for more")
+    padded = torch.zeros(1, frames, features.shape[2], dtype=features.dtype)
+    padded[:, :features.shape[1]] = features
+    mask = torch.zeros(1, frames, dtype=torch.int64)
+    mask[:, :features.shape[1]] = 1
+    return [padded.to(device), mask.to(device)]
 
 
 def transcribe_ctc(program: Any, features: torch.Tensor) -> list[int]:
@@ -117,17 +161,8 @@ def transcribe_ctc(program: Any, features: torch.Tensor) -> list[int]:
                          "(build one with pipeline.models.parakeet.parakeet)")
     blank = int(program.constant(CTC_BLANK))
     encoder = program.method("encoder")
-    spec = encoder.inputs[0]  # pipeline.runtime's TensorInfo (its planned shape), or ExecuTorch's runtime's TensorSpec
-    frames = int((getattr(spec, "max", None) or spec.shape)[1])
-    if features.dim() != 3 or features.shape[0] != 1 or not 1 <= features.shape[1] <= frames:
-        raise InputError(f"features of shape {list(features.shape)}: the program takes one utterance [1, frames, mels] "
-                         f"of 1..{frames} frames; build it with longer inputs (model.methods.encoder.inputs) for more")
     device = getattr(program, "device", torch.device("cpu"))
-    padded = torch.zeros(1, frames, features.shape[2], dtype=features.dtype)
-    padded[:, :features.shape[1]] = features
-    mask = torch.zeros(1, frames, dtype=torch.int64)
-    mask[:, :features.shape[1]] = 1
-    logits, valid = encoder.execute([padded.to(device), mask.to(device)])
+    logits, valid = encoder.execute(_padded(encoder, features, device))
     best = logits[0].argmax(-1).masked_fill(valid[0] == 0, blank).tolist()
     return [t for i, t in enumerate(best) if t != blank and (i == 0 or t != best[i - 1])]
 
