@@ -54,3 +54,9 @@ class RunDirError(PipelineError):
 
 class RuntimeUnavailableError(PipelineError):
     """A program needs a device, library or backend this process does not have."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """What an exception from a library says, as one line of a refusal: its message's first line
+    (its type's name where it says nothing), at most `limit` characters."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]

@@ -12,12 +12,11 @@ from typing import Any
 import torch
 
 from pipeline import dtypes
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, first_line
 from pipeline.models.hf_folder import (
     config_with,
     encoder_class,
     encoder_part,
-    first_line,
     folder_config,
     from_folder,
     tower_config,

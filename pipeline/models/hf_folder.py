@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, first_line
 
 
 def type_config_class(model_type: str) -> Any:
@@ -166,7 +166,3 @@ def check_fields(config_class: Any, known: dict[str, Any], fields: dict[str, Any
         close = difflib.get_close_matches(name, names, n=1)
         raise ConfigError(f"model.kwargs.{name} is not a field of {config_class.__name__}"
                           + (f" (did you mean {close[0]!r}?)" if close else ""))
-
-
-def first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0][:200]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.errors import InputError
+from pipeline.errors import InputError, first_line
 from pipeline.files import read_regular
 
 AUDIO_LIMIT = 1 << 30  # bytes of an audio file
@@ -32,13 +32,13 @@ def features(audio: str | Path, folder: str | Path) -> torch.Tensor:
     try:
         samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise InputError(f"{audio} is not an audio file soundfile reads ({_first_line(exc)}); give a WAV, FLAC or OGG "
+        raise InputError(f"{audio} is not an audio file soundfile reads ({first_line(exc)}); give a WAV, FLAC or OGG "
                          "file") from None
     try:
         extractor = transformers.AutoFeatureExtractor.from_pretrained(str(folder), local_files_only=True,
                                                                       trust_remote_code=False)
     except (OSError, ValueError) as exc:
-        raise InputError(f"model folder {folder}: no feature extractor transformers loads ({_first_line(exc)}); give the "
+        raise InputError(f"model folder {folder}: no feature extractor transformers loads ({first_line(exc)}); give the "
                          "folder the model was saved in with its preprocessor_config.json") from None
     if rate != extractor.sampling_rate:
         raise InputError(f"{audio} is sampled at {rate} Hz and the model's feature extractor takes "
@@ -57,7 +57,3 @@ def text(ids: Sequence[int], folder: str | Path) -> str | None:
     except (OSError, ValueError, TypeError):
         return None
     return str(tokenizer.decode(list(ids), skip_special_tokens=True))
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

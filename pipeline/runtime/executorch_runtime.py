@@ -26,7 +26,7 @@ import torch
 from pipeline.delegate import record
 from pipeline.delegate.pte import read
 from pipeline.delegate.tensor_spec import check_call
-from pipeline.errors import RuntimeUnavailableError
+from pipeline.errors import RuntimeUnavailableError, first_line
 from pipeline.runtime.native_library import load_backend
 from pipeline.runtime.options import RuntimeOptions
 from pipeline.runtime.program import Program
@@ -44,7 +44,7 @@ def _refused(backend: Any, what: str, exc: RuntimeError) -> RuntimeUnavailableEr
     line = backend.pipeline_trt_last_error().decode()
     if line:
         return RuntimeUnavailableError(line)
-    said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    said = first_line(exc, 400)
     if FOREIGN_TORCH in said:
         from pipeline.executorch_api import portable_lib
 

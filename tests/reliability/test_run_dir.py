@@ -122,10 +122,18 @@ def test_two_runs_into_one_directory(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def _as_a_shell_starts_it() -> None:
+    """SIGINT neither ignored nor blocked in the child, as a shell starts a command: a test worker may
+    hold it either way (a library's helper process launched from it blocks or ignores it), and the
+    child would inherit that and finish its run despite the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_sigint_leaves_nothing_that_looks_current(tmp_path: Path) -> None:
     run = tmp_path / "run"
     child = subprocess.Popen([sys.executable, "-m", "pipeline", f"hydra.run.dir={run}"], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_as_a_shell_starts_it)
     # Under load (CI's two cores shared by two test workers) a build takes minutes: wait for the
     # compile step's output with no short deadline, and for the interrupted run as long again.
     deadline = time.monotonic() + 600
