@@ -1,16 +1,17 @@
 """Parakeet (transformers' Parakeet classes) from a model folder, as programs the way ExecuTorch's CUDA
 backend builds speech models. Every kind's `encoder(features, mask)` runs the FastConformer encoder over
 an utterance's log-mel features [1, frames, mels] (the folder's feature extractor makes them) padded to
-the program's frames, the mask saying which are the utterance's, and returns per encoder frame (one per
-8 feature frames) what the decoding reads, and the frames' mask.
+the program's frames, the mask saying which are the utterance's, and returns the mask of the encoder
+frames (one per 8 feature frames).
 
-- CTC (`ParakeetForCTC`): the encoder gives the CTC head's logits; the program carries the blank's id;
-  `pipeline.runtime.speech.transcribe_ctc` decodes (each frame's argmax, runs merged, blanks dropped).
-- RNN-T and TDT (`ParakeetForRNNT`, `ParakeetForTDT`): the encoder gives the projected frames (and
-  resets the prediction network), `decoder_step(token)` advances the prediction network (its LSTM state
-  is the program's state) by one token, `joint(frame, prediction)` gives a frame's token logits (and for
-  TDT its duration logits after them); `pipeline.runtime.speech.transcribe_transducer` decodes as
-  transformers' `generate` does."""
+- CTC (`ParakeetForCTC`, `model=parakeet`): the encoder also returns the CTC head's logits of each
+  frame; the program carries the blank's id; `pipeline.runtime.speech.transcribe_ctc` decodes (each
+  frame's argmax, runs merged, blanks dropped).
+- RNN-T and TDT (`ParakeetForRNNT`, `ParakeetForTDT`, `model=parakeet_transducer`): the encoder writes
+  the projected frames into the program's state (and resets the prediction network), `decoder_step(token)`
+  advances the prediction network (its LSTM state is the program's state) by one token, `joint(index)`
+  gives the logits of the frame at `index` against the last prediction (TDT: the tokens', then the
+  durations'); `pipeline.runtime.speech.transcribe_transducer` decodes as transformers' `generate` does."""
 
 from __future__ import annotations
 
