@@ -14,7 +14,9 @@ if [ -n "${DVC_STAGE:-}" ] && [ -z "${DVC_EXP_NAME:-}" ] && [ -f "$keep/key" ] &
           tr '\n' '\0' < "$keep/files" | xargs -0 -r stat -L -c '%n %s %.9Y %i' -- 2>/dev/null)
     if [ "$now" = "$(cat "$keep/key")" ]; then
         out=$(cat "$keep/out")
-        mkdir -p "$(dirname "$out")" && cp "$keep/record.json" "$out" && exit 0
+        tmp="$out.pipeline-tmp.$$"  # renamed into place: never written through a link at $out
+        mkdir -p "$(dirname "$out")" && cp "$keep/record.json" "$tmp" && mv -f "$tmp" "$out" && exit 0
+        rm -f "$tmp"
     fi
 fi
 exec python stages/toolchain.py "$@"

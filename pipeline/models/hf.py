@@ -87,8 +87,7 @@ def encoder(architecture: str | None = None, *, folder: str | None = None, tower
     import transformers
 
     if folder is not None:
-        cfg = folder_config(folder, architecture, {} if tower else config)
-        cfg = tower_config(cfg, tower, config, f"model folder {folder!r}")
+        cfg = tower_config(folder_config(folder, architecture, {}), tower, config, f"model folder {folder!r}")
         cfg._attn_implementation = "eager"
         model, loaded = from_folder(encoder_class(cfg), cfg, folder)
         takes = _TAKES.get(model.main_input_name)

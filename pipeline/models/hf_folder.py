@@ -51,6 +51,11 @@ def folder_config(folder: str, architecture: str | None, fields: dict[str, Any])
         raise ConfigError(f"{path} names model_type {kind!r}, which transformers {transformers.__version__} does not have; "
                           "save the model with a transformers that does, or upgrade transformers")
     cfg = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    return _set_fields(cfg, fields)
+
+
+def _set_fields(cfg: Any, fields: dict[str, Any]) -> Any:
+    """`cfg` with `fields` set on it, each one it has (`check_fields`)."""
     check_fields(type(cfg), cfg.to_dict(), fields)
     for name, value in fields.items():
         setattr(cfg, name, value)
@@ -59,7 +64,7 @@ def folder_config(folder: str, architecture: str | None, fields: dict[str, Any])
 
 def tower_config(cfg: Any, tower: str | None, fields: dict[str, Any], where: str) -> Any:
     """`cfg` itself, or where it is a model of several towers (its sub-configs: SigLIP's and CLIP's
-    `text_config` and `vision_config`), the config of the one `tower` names, `fields` set on it.
+    `text_config` and `vision_config`), the config of the one `tower` names; `fields` set on the one chosen.
 
     Raises:
         ConfigError: a model of towers and none named, a tower it does not have, or a tower named for a
@@ -70,15 +75,11 @@ def tower_config(cfg: Any, tower: str | None, fields: dict[str, Any], where: str
         if towers:
             raise ConfigError(f"{where} is a {type(cfg).__name__} of towers {towers}; an encoder program is one of "
                               f"them: set model.kwargs.tower (e.g. model.kwargs.tower={towers[-1]})")
-        return cfg
+        return _set_fields(cfg, fields)
     if tower not in towers:
         raise ConfigError(f"model.kwargs.tower = {tower!r}: {where} is a {type(cfg).__name__}"
                           + (f" of towers {towers}" if towers else ", one model: drop model.kwargs.tower"))
-    sub = getattr(cfg, f"{tower}_config")
-    check_fields(type(sub), sub.to_dict(), fields)
-    for name, value in fields.items():
-        setattr(sub, name, value)
-    return sub
+    return _set_fields(getattr(cfg, f"{tower}_config"), fields)
 
 
 def encoder_class(cfg: Any) -> Any:

@@ -27,7 +27,8 @@ from pipeline.runtime.speech import CTC_BLANK
 # The Parakeet kinds transformers has, by model type, and the model config that builds each.
 BUILT = {"parakeet_ctc": "ParakeetForCTC", "parakeet_rnnt": "ParakeetForRNNT", "parakeet_tdt": "ParakeetForTDT",
          "parakeet_encoder": "ParakeetEncoder"}
-CONFIGS = {"parakeet_ctc": "parakeet", "parakeet_rnnt": "parakeet_transducer", "parakeet_tdt": "parakeet_transducer"}
+CONFIGS = {"parakeet_ctc": "parakeet", "parakeet_rnnt": "parakeet_transducer", "parakeet_tdt": "parakeet_transducer",
+           "parakeet_encoder": "hf_encoder"}  # the encoder alone has no decoding: an encoder program
 
 
 class ParakeetCTC(torch.nn.Module):
@@ -157,8 +158,7 @@ def _folder_model(folder: str | None, config: dict[str, Any], kinds: tuple[str, 
         other = CONFIGS.get(cfg.model_type)
         raise ConfigError(f"model folder {folder!r} is a {BUILT.get(cfg.model_type, cfg.model_type)!r} model; "
                           + (f"build it with model={other}" if other else
-                             f"{where} builds {' and '.join(BUILT[k] for k in kinds)} folders (an encoder alone has no "
-                             "decoding: model=hf_encoder builds it)"))
+                             f"{where} builds {' and '.join(BUILT[k] for k in kinds)} folders"))
     cfg._attn_implementation = "eager"
     model, loaded = from_folder(getattr(transformers, BUILT[cfg.model_type]), cfg, folder)
     return model.eval().requires_grad_(False), loaded

@@ -91,8 +91,10 @@ def transcribe_transducer(program: Any, features: torch.Tensor, max_symbols_per_
     if "blank_id" not in names:
         raise InputError("the program has no 'blank_id' constant method: it is not a transducer program "
                          "(build one with pipeline.models.transducer.transducer)")
-    limit = max_symbols_per_frame or (int(program.constant("max_symbols_per_step")) if "max_symbols_per_step" in names
-                                      else 10)
+    if max_symbols_per_frame is not None:
+        limit = max_symbols_per_frame
+    else:
+        limit = int(program.constant("max_symbols_per_step")) if "max_symbols_per_step" in names else 10
     if limit < 1:
         raise InputError(f"max_symbols_per_frame = {limit}: a frame may emit at least 1 token")
     blank = int(program.constant("blank_id"))
