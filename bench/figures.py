@@ -61,9 +61,28 @@ def _reference_gpu(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _media(r: dict[str, Any]) -> str:
+    encoder = {x["variant"]: x for x in r["encoder"]}
+    decode = {x["variant"]: x["decode_tok_s"] for x in r["decode"]}
+    ours, compiled = "ours (method graph)", next(k for k in decode if k.startswith("torch.compile"))
+    tf = r["teacher_forced"]
+    lines = [f"{r['family']} (`{r['command']}`; {r['machine']}, {r['date']}; random fp16 weights, {r['parameters_M']:.0f} M "
+             f"parameters, built in {r['build_s']:.0f} s, `.pte` {r['pte_GB']:.2f} GB): decode {decode[ours]:.0f} tok/s, "
+             f"{decode[ours] / decode[compiled]:.2f}x torch.compile; teacher-forced max relative error {tf['max_rel_error']:.1e}, "
+             f"top-1 agreement {tf['top1_agreement']:.2f}.", "",
+             "| variant | encoder median ms | encoder p90 ms | decode tok/s |", "|---|---|---|---|"]
+    for name, row in encoder.items():
+        match = next((k for k in decode if k.split(" (")[0] == name.split(" (")[0]), None)
+        lines.append(f"| {name} | {row['median_ms']:.2f} | {row['p90_ms']:.2f} | "
+                     f"{'' if match is None else format(decode[match], '.0f')} |")
+    return "\n".join(lines) + "\n"
+
+
 RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "dvc-build": ("dvc-build.json", _dvc_build),
     "reference-gpu": ("reference-gpu.json", _reference_gpu),
+    "media-gemma3": ("media-gemma3-2026-12-07.json", _media),
+    "media-voxtral": ("media-voxtral-2026-12-07.json", _media),
 }
 
 

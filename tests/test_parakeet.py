@@ -199,6 +199,28 @@ def test_the_tensorrt_transducer_transcribes_as_transformers_does(kind: str, tra
 
 
 @gpu
+def test_the_runner_runs_the_ctc_program_as_pipeline_runtime_does(folder: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python-free runner (ExecuTorch's C++ runtime, the native delegate) on a padded utterance:
+    the logits and mask pipeline.runtime gives, so the same transcription."""
+    from pipeline.runtime.native_library import run_runner
+
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    files = steps.run_all(typed(compose(["model=parakeet", f"model.weights={folder}", *STRICT])), tmp_path)  # type: ignore[arg-type]
+    features, mask = torch.zeros(1, 3000, 80), torch.zeros(1, 3000, dtype=torch.int64)
+    features[:, :900] = torch.randn(1, 900, 80, generator=torch.Generator().manual_seed(9))
+    mask[:, :900] = 1
+    np.save(tmp_path / "f.npy", features.numpy())
+    np.save(tmp_path / "m.npy", mask.numpy())
+    done = run_runner("run", files["pte"], "--method", "encoder", "--input", tmp_path / "f.npy", "--input", tmp_path / "m.npy",
+                      "--output-dir", tmp_path)
+    assert done.returncode == 0, done.stderr
+    want = load(files["pte"]).method("encoder").execute([features.cuda(), mask.cuda()])
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "output_0.npy")), want[0].cpu(), rtol=1e-4, atol=1e-4)
+    assert np.array_equal(np.load(tmp_path / "output_1.npy"), want[1].cpu().numpy())
+
+
+@gpu
 def test_the_tensorrt_program_transcribes_as_transformers_does(folder: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")

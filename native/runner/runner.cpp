@@ -5,6 +5,7 @@
 //                   [--output-dir DIR] [--repeat N] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]
 //   pipeline-runner generate PROGRAM.pte [--ptd DATA.ptd] --prompt "1 5 9" [--max-new-tokens N]
 //                   [--prefill prefill] [--decode decode] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]
+//                   [--encoder NAME --input X.npy ...]
 //
 // --cuda-graph: TensorRT-RTX's own whole-graph capture. --method-graph: each engine call captured as
 // one CUDA graph once a call repeats the last one's shapes, replayed while they hold (a decode step
@@ -15,7 +16,9 @@
 // `run` writes output_<i>.npy per output and prints one line per output; with --repeat, the median
 // milliseconds of N calls. `generate` prints the new token ids greedily chosen, then the first two
 // decode steps' milliseconds, the steady decode speed after them and the bytes the delegate copied per
-// steady step. The methods share the program's
+// steady step. With --encoder, that method runs first on the --input files (a multimodal program's
+// vision_encoder or audio_encoder: one image or window into the state's slot the inputs name), and
+// the prompt must hold the program's placeholder token once per row it wrote. The methods share the program's
 // planned memory, so what prefill writes in the state decode reads; the delegate keeps that state on
 // the device. Inputs are checked against the program record (dtype, dims, values) before any run.
 // Every refusal is one line on stderr and exit status 1.
@@ -195,6 +198,10 @@ class Runner {
     return tensor.ok() ? tensor->nbytes() + (1 << 16) + 12 : 0;
   }
 
+  bool has_constant(const std::string& name) {
+    return program_->method_meta(name.c_str()).ok();
+  }
+
   int64_t constant_int(const std::string& name) {
     et::Method& m = method(name);
     if (m.execute() != et::Error::Ok || m.outputs_size() != 1 || !m.get_output(0).isInt())
@@ -273,7 +280,7 @@ class Runner {
 
 // ---- commands -----------------------------------------------------------------------------------
 struct Args {
-  std::string command, pte, method = "forward", output_dir = ".", prompt, prefill = "prefill", decode = "decode";
+  std::string command, pte, method = "forward", output_dir = ".", prompt, prefill = "prefill", decode = "decode", encoder;
   std::optional<std::string> ptd;
   std::vector<std::string> inputs;
   int repeat = 0, max_new_tokens = 16;
@@ -285,7 +292,8 @@ const char* const kUsage =
     "usage: pipeline-runner run PROGRAM.pte [--ptd DATA.ptd] --method NAME [--input X.npy ...] [--output-dir DIR] "
     "[--repeat N] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]\n"
     "       pipeline-runner generate PROGRAM.pte [--ptd DATA.ptd] --prompt \"1 5 9\" [--max-new-tokens N] "
-    "[--prefill NAME] [--decode NAME] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]";
+    "[--prefill NAME] [--decode NAME] [--cuda-graph | --method-graph] [--kernels lazy|eager|none] "
+    "[--encoder NAME --input X.npy ...]";
 const char* const kKernels[] = {"lazy", "eager", "none"};
 
 int to_int(const std::string& flag, const std::string& text) {
@@ -320,6 +328,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--max-new-tokens") a.max_new_tokens = to_int(flag, value);
     else if (flag == "--prefill") a.prefill = value;
     else if (flag == "--decode") a.decode = value;
+    else if (flag == "--encoder") a.encoder = value;
     else if (flag == "--kernels") {
       auto found = std::find(std::begin(kKernels), std::end(kKernels), value);
       if (found == std::end(kKernels)) refuse("--kernels takes lazy, eager or none, got '" + value + "'");
@@ -330,11 +339,11 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+std::vector<Array> read_inputs(Runner& runner, const std::string& method, const std::vector<std::string>& files);
+
 int run(Runner& runner, const Args& a) {
-  std::vector<Array> inputs(a.inputs.size());
+  std::vector<Array> inputs = read_inputs(runner, a.method, a.inputs);
   std::string error;
-  for (size_t i = 0; i < a.inputs.size(); ++i)
-    if (!pipeline_runner::read_npy(a.inputs[i], inputs[i], error, runner.input_limit(a.method, i))) refuse(error);
   std::vector<Array> outs = runner.call(a.method, inputs);
   for (size_t i = 0; i < outs.size(); ++i) {
     std::string path = a.output_dir + "/output_" + std::to_string(i) + ".npy";
@@ -422,6 +431,33 @@ Array ints(const std::vector<int64_t>& values, std::vector<int64_t> shape) {
   return a;
 }
 
+std::vector<Array> read_inputs(Runner& runner, const std::string& method, const std::vector<std::string>& files) {
+  std::vector<Array> inputs(files.size());
+  std::string error;
+  for (size_t i = 0; i < files.size(); ++i)
+    if (!pipeline_runner::read_npy(files[i], inputs[i], error, runner.input_limit(method, i))) refuse(error);
+  return inputs;
+}
+
+// A multimodal program's prompt holds its placeholder token once per row the encoder writes: as many
+// as one item's rows with --encoder, none without (checked before any method runs).
+void check_placeholders(Runner& runner, const Args& a, const std::vector<int64_t>& prompt) {
+  if (!runner.has_constant("placeholder_token_id")) {
+    if (!a.encoder.empty()) refuse("--encoder runs a multimodal program's encoder; this program has none");
+    return;
+  }
+  const int64_t placeholder = runner.constant_int("placeholder_token_id");
+  const int64_t want = a.encoder.empty() ? 0 : runner.constant_int("media_rows");
+  const auto found = std::count(prompt.begin(), prompt.end(), placeholder);
+  if (found != want)
+    refuse("the prompt holds " + std::to_string(found) + " placeholder tokens (id " + std::to_string(placeholder) +
+           "); " + (a.encoder.empty() ? std::string("without --encoder it holds none")
+                                      : "the item --encoder reads stands for " + std::to_string(want)) +
+           ": make the prompt with the model's processor");
+}
+
+void run_encoder(Runner& runner, const Args& a) { runner.call(a.encoder, read_inputs(runner, a.encoder, a.inputs)); }
+
 int generate(Runner& runner, const Args& a) {
   std::vector<int64_t> prompt;
   std::stringstream words(a.prompt);
@@ -438,6 +474,8 @@ int generate(Runner& runner, const Args& a) {
     refuse("a prompt of " + std::to_string(prompt.size()) + " tokens and " + std::to_string(a.max_new_tokens) +
            " new ones need " + std::to_string(need) + " cache positions; the program's cache holds " +
            std::to_string(room) + " (shorten the prompt or generate fewer)");
+  check_placeholders(runner, a, prompt);
+  if (!a.encoder.empty()) run_encoder(runner, a);
   int64_t position = static_cast<int64_t>(prompt.size());
   int64_t token = argmax_last(runner.call_in_place(a.prefill, {ints(prompt, {1, position}), ints({0}, {1})}).get_output(0));
   std::printf("%lld", static_cast<long long>(token));

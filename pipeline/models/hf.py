@@ -151,8 +151,12 @@ class Decoder(torch.nn.Module):
                               "decoder programs keep a KV cache, so this family cannot build as one")
         self._more_state: list[tuple[int, str]] = []  # (layer, attribute): cache state besides keys and values
         self._given: tuple[str, ...] = ()  # what each step gives the causal LM besides its tokens
+        self._add_state(model)
         self._fit_cache(model)
         self._given = self._choose_given(model)
+
+    def _add_state(self, model: Any) -> None:
+        """State of a subclass's own that its steps read (none here); made before the first step."""
 
     def _fit_cache(self, model: Any) -> None:
         """Give each layer's static cache the heads and widths of the keys and values its attention
@@ -255,7 +259,7 @@ class Decoder(torch.nn.Module):
 
     def step(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Tokens [1, T] at positions start..start+T-1 (`start`: [1]); their logits [1, T, vocab]."""
-        return self._run(tokens, torch.arange(tokens.shape[1], device=tokens.device) + start)
+        return self._run(torch.arange(tokens.shape[1], device=tokens.device) + start, input_ids=tokens)
 
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.step(tokens, torch.zeros(1, dtype=torch.int64, device=tokens.device))
@@ -263,7 +267,9 @@ class Decoder(torch.nn.Module):
     def decode(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         return self.step(token, position)
 
-    def _run(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _run(self, positions: torch.Tensor, **inputs: Any) -> torch.Tensor:
+        """The logits of the step's tokens (`input_ids`) or their embeddings (`inputs_embeds`) at
+        `positions`, with anything else `inputs` holds given to the causal LM (a step's own attention masks)."""
         # The cache object holds its own references to the tensors registered as buffers; point it
         # at the module's buffers as they are now, so that torch.export (which swaps in its own
         # tensors for buffers) sees the writes as buffer mutations and not as writes to constants.
@@ -287,15 +293,17 @@ class Decoder(torch.nn.Module):
         # exportable wrapper passes neither, so they go in by a hook for the one call (those of them
         # that steps give the model's own logits with: `_choose_given`).
         given = {"position_ids": positions[None],
-                 "attention_mask": torch.ones(1, self.max_cache_len, dtype=torch.long, device=tokens.device)}
+                 "attention_mask": torch.ones(1, self.max_cache_len, dtype=torch.long, device=positions.device)}
         given = {name: value for name, value in given.items() if name in self._given}
+        step = {name: inputs.pop(name) for name in ("input_ids", "inputs_embeds") if name in inputs}
+        given.update(inputs)
 
         def with_given(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
             return args, {**kwargs, **given}
 
         handle = self.model.model.register_forward_pre_hook(with_given, with_kwargs=True)
         try:
-            return self.model(input_ids=tokens, cache_position=positions)
+            return self.model(**step, cache_position=positions)
         finally:
             handle.remove()
 

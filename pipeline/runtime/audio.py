@@ -17,9 +17,10 @@ from pipeline.files import read_regular
 AUDIO_LIMIT = 1 << 30  # bytes of an audio file
 
 
-def features(audio: str | Path, folder: str | Path) -> torch.Tensor:
+def features(audio: str | Path, folder: str | Path, pad_to_frames: int | None = None) -> torch.Tensor:
     """The log-mel features of `audio` (its channels averaged) as the feature extractor of the model
-    `folder` makes them.
+    `folder` makes them; with `pad_to_frames`, the whole audio padded to a multiple of that many frames
+    (as Voxtral's processor pads it into 30 s windows), never cut.
 
     Raises:
         InputError: the file is not audio soundfile reads, the folder has no feature extractor, or the
@@ -43,7 +44,9 @@ def features(audio: str | Path, folder: str | Path) -> torch.Tensor:
     if rate != extractor.sampling_rate:
         raise InputError(f"{audio} is sampled at {rate} Hz and the model's feature extractor takes "
                          f"{extractor.sampling_rate} Hz: resample it first")
-    made = extractor(samples.mean(axis=1), sampling_rate=rate, return_tensors="pt")
+    whole = {} if pad_to_frames is None else {"padding": True, "truncation": False,
+                                              "pad_to_multiple_of": pad_to_frames * int(extractor.hop_length)}
+    made = extractor(samples.mean(axis=1), sampling_rate=rate, return_tensors="pt", **whole)
     return made["input_features"].float()
 
 

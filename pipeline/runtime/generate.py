@@ -21,6 +21,7 @@ from pipeline.errors import InputError
 from pipeline.runtime.program import Program
 
 CAPACITY_METHOD = "max_cache_len"
+PLACEHOLDER_METHOD = "placeholder_token_id"  # a multimodal program's image or audio token (pipeline.runtime.media)
 
 
 def capacity(program: Program) -> int:
@@ -44,10 +45,17 @@ def generate(program: Program, prompt: torch.Tensor, max_new_tokens: int, prefil
 
 
 def stream(program: Program, prompt: torch.Tensor, max_new_tokens: int, prefill: str = "prefill",
-           decode: str = "decode") -> Iterator[int]:
-    """The new tokens one at a time, as `generate` chooses them (checks first, as it does)."""
+           decode: str = "decode", media_ran: bool = False) -> Iterator[int]:
+    """The new tokens one at a time, as `generate` chooses them (checks first, as it does). A prompt
+    holding a multimodal program's placeholder token is refused unless its encoder ran for it
+    (`media_ran`: `pipeline.runtime.media` runs it), or the placeholders would read rows of no item's."""
     if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.dtype not in (torch.int32, torch.int64):
         raise InputError(f"prompt must be one row of token ids, shape [1, T], int64; got {tuple(prompt.shape)} {prompt.dtype}")
+    if not media_ran and PLACEHOLDER_METHOD in program.constant_names:
+        placeholder = int(program.constant(PLACEHOLDER_METHOD))
+        if bool((prompt == placeholder).any()):
+            raise InputError(f"the prompt holds the program's image or audio placeholder token ({placeholder}); run it with "
+                             "pipeline.runtime.media, which runs the encoder for the image or audio first")
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens = {max_new_tokens} must be at least 1")
     length, room = prompt.shape[1], capacity(program)

@@ -20,8 +20,10 @@ GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in
 @pytest.mark.parametrize("group, option", [(g, o) for g, opts in GROUPS.items() for o in opts])
 def test_every_option_composes_and_instantiates(group: str, option: str) -> None:
     cfg = typed(compose([f"{group}={option}"]))
-    if group == "model" and (option.startswith("hf_") or option in ("whisper", "parakeet", "parakeet_transducer")):  # from the user's folder
-        # (tests/models/test_checkpoints.py, test_transformers_folders.py, test_parakeet.py)
+    if group == "model" and (option.startswith("hf_") or option in ("whisper", "parakeet", "parakeet_transducer",
+                                                                   "image_text_decoder", "audio_text_decoder")):
+        # from the user's folder (tests/models/test_checkpoints.py, test_transformers_folders.py, test_parakeet.py,
+        # test_multimodal.py)
         with pytest.raises(ConfigError, match=r"builds from a Hugging Face model folder \(model.weights=<folder>\)"):
             objects.model(cfg)
         return

@@ -1,0 +1,175 @@
+"""Generation with a program that reads images or audio (`pipeline.models.multimodal`): its encoder
+method runs once per image or 30 s window, writing that item's rows into the program's state at the
+item's slot; then its text decoder generates greedily (`pipeline.runtime.generate`) from a prompt that
+holds the model's placeholder token once per row, as the folder's processor writes it. Everything is
+checked before the first method runs, so a refused call leaves the program's state as it was.
+
+    python -m pipeline.runtime.media PROGRAM.pte --image photo.png --prompt "What is in it?" --model-folder FOLDER
+    python -m pipeline.runtime.media PROGRAM.pte --audio speech.wav --prompt-ids "1 24 24 ..." --model-folder FOLDER
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.errors import InputError, first_line
+from pipeline.files import read_regular
+from pipeline.runtime.generate import PLACEHOLDER_METHOD as PLACEHOLDER
+from pipeline.runtime.generate import stream
+
+# The constant methods of a multimodal program (besides its placeholder token, `PLACEHOLDER`): the rows
+# one image or window stands for, how many items its state holds, and (audio) the frames of one window.
+ROWS, SLOTS, FRAMES = "media_rows", "media_slots", "audio_frames"
+ENCODERS = {"image": "vision_encoder", "audio": "audio_encoder"}  # what a program reads -> its encoder method
+TEXT_DECODER = "text_decoder"
+IMAGE_LIMIT = 1 << 28  # bytes of an image file
+
+
+def media_of(program: Any) -> str:
+    """What the program reads ("image" or "audio").
+
+    Raises:
+        InputError: it is not a program of `pipeline.models.multimodal`.
+    """
+    kinds = [media for media, method in ENCODERS.items() if method in program.method_names]
+    if len(kinds) != 1 or not {PLACEHOLDER, ROWS, SLOTS} <= set(program.constant_names):
+        raise InputError("the program reads no images or audio (no vision_encoder or audio_encoder method and its "
+                         "constants); build one with model=image_text_decoder or model=audio_text_decoder")
+    return kinds[0]
+
+
+def media_stream(program: Any, prompt: torch.Tensor, media: Sequence[torch.Tensor], max_new_tokens: int) -> Iterator[int]:
+    """The new tokens one at a time: each item of `media` (as the encoder method takes it, [1, ...]) run
+    by the encoder into its slot, then the prompt and the tokens chosen after it greedily.
+
+    Raises:
+        InputError: more items than the program has slots, a prompt whose placeholders are not one per
+            row of the items, or a prompt `generate` refuses (all checked before anything runs).
+    """
+    kind = media_of(program)
+    placeholder, rows, slots = (int(program.constant(name)) for name in (PLACEHOLDER, ROWS, SLOTS))
+    if len(media) > slots:
+        raise InputError(f"{len(media)} {kind} items given; the program holds {slots} (model.kwargs.slots): give fewer "
+                         "or build it with more slots")
+    found = int((prompt == placeholder).sum()) if isinstance(prompt, torch.Tensor) else 0
+    if found != rows * len(media):
+        raise InputError(f"the prompt holds {found} placeholder tokens (id {placeholder}); {len(media)} {kind} item(s) of "
+                         f"{rows} rows each need {rows * len(media)}: make the prompt with the model's processor, which "
+                         "writes one per row")
+    steps = stream(program, prompt, max_new_tokens, TEXT_DECODER, TEXT_DECODER, media_ran=True)  # checks the prompt, the cache
+    encoder = program.method(ENCODERS[kind])
+    device = getattr(program, "device", torch.device("cpu"))
+    with torch.no_grad():
+        for slot, item in enumerate(media):
+            encoder.execute([item.to(device), torch.tensor([slot], dtype=torch.int64, device=device)])
+    return steps
+
+
+def media_generate(program: Any, prompt: torch.Tensor, media: Sequence[torch.Tensor], max_new_tokens: int) -> torch.Tensor:
+    """The prompt followed by `max_new_tokens` greedily chosen tokens, as `media_stream` chooses them."""
+    new = list(media_stream(program, prompt, media, max_new_tokens))
+    return torch.cat([prompt.cpu(), torch.tensor([new], dtype=prompt.dtype)], dim=1)
+
+
+def image_inputs(image: str | Path, folder: str | Path, prompt: str | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The prompt's ids (None without a text prompt) and the image's pixels [1, 3, H, W], made by the
+    processor of the model `folder` from an image file Pillow reads. A text prompt goes through the
+    folder's chat template where it has one (the image first), else follows the image's token.
+
+    Raises:
+        InputError: the file is not an image Pillow reads, or the folder has no processor transformers loads.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    data = read_regular(image, "--image", IMAGE_LIMIT, InputError)
+    try:
+        picture = Image.open(io.BytesIO(data)).convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise InputError(f"{image} is not an image Pillow reads ({first_line(exc)}); give a PNG, JPEG or WebP file") from None
+    processor = _processor(folder)
+    if prompt is None:
+        return None, processor.image_processor(picture, return_tensors="pt")["pixel_values"]
+    if getattr(processor, "chat_template", None):
+        turn = [{"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": prompt}]}]
+        made = processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                             return_tensors="pt")
+    else:
+        made = processor(images=[picture], text=f"{processor.image_token} {prompt}", return_tensors="pt")
+    return made["input_ids"], made["pixel_values"]
+
+
+def audio_windows(audio: str | Path, folder: str | Path, frames: int) -> list[torch.Tensor]:
+    """The log-mel features of an audio file (`pipeline.runtime.audio`) in windows of `frames` (the
+    encoder's), the last one padded as the feature extractor pads."""
+    from pipeline.runtime import audio as audio_files
+
+    features = audio_files.features(audio, folder, pad_to_frames=frames)
+    return list(features.split(frames, dim=-1))
+
+
+def _processor(folder: str | Path) -> Any:
+    import transformers
+
+    try:
+        return transformers.AutoProcessor.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, TypeError, ImportError) as exc:
+        raise InputError(f"model folder {folder}: no processor transformers loads ({first_line(exc)}); give the folder the "
+                         "model was saved in with its processor files") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.runtime.media PROGRAM.pte --image x.png --prompt "..." --model-folder F`: the
+    folder's processor makes the image's pixels and the prompt's ids, the program generates greedily and
+    the text is printed with the tokenizer it carries (ids where it carries none). `--audio x.wav`:
+    the folder's feature extractor makes its windows; the prompt is given as ids (`--prompt-ids`),
+    holding the placeholder once per row."""
+    import argparse
+
+    from pipeline.cli import reported
+    from pipeline.runtime import tokenizer
+    from pipeline.runtime.executors import EXECUTORS, load_with
+    from pipeline.runtime.generate import parse_prompt
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.runtime.media", description=main.__doc__)
+    parser.add_argument("pte", help="a program of model=image_text_decoder or model=audio_text_decoder")
+    parser.add_argument("--ptd", default=None, help="its .ptd, when its data is external")
+    item = parser.add_mutually_exclusive_group(required=True)
+    item.add_argument("--image", help="an image file (PNG, JPEG, ...)")
+    item.add_argument("--audio", help="an audio file (WAV, FLAC, OGG)")
+    prompt_arg = parser.add_mutually_exclusive_group(required=True)
+    prompt_arg.add_argument("--prompt", help="text (with --image), made into ids by the folder's processor")
+    prompt_arg.add_argument("--prompt-ids", help="token ids, space-separated, the placeholder once per row")
+    parser.add_argument("--model-folder", required=True, help="the model folder the program was built from")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--runtime", choices=EXECUTORS, default="pipeline")
+    args = parser.parse_args(argv)
+    with reported():
+        if args.audio is not None and args.prompt is not None:
+            raise InputError("--audio takes --prompt-ids: a text prompt for audio needs the model's own chat processor "
+                             "(Voxtral's is mistral-common's), which this command does not run")
+        program = load_with(args.runtime, args.pte, args.ptd)
+        kind = media_of(program)
+        if kind != ("image" if args.image is not None else "audio"):
+            raise InputError(f"the program reads {kind}: give --{kind}")
+        if args.image is not None:
+            ids, pixels = image_inputs(args.image, args.model_folder, args.prompt)
+            media = list(pixels.split(1))
+        else:
+            ids = None
+            media = audio_windows(args.audio, args.model_folder, int(program.constant(FRAMES)))
+        prompt = ids if ids is not None else parse_prompt(args.prompt_ids)
+        tokens = media_stream(program, prompt, media, args.max_new_tokens)
+        text = tokenizer.of_program(program) if tokenizer.METHOD in program.constant_names else None
+        for piece in text.stream(tokens) if text is not None else (f"{t} " for t in tokens):
+            print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
