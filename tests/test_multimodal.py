@@ -209,6 +209,10 @@ def test_what_a_multimodal_program_cannot_take_is_one_line(gemma: Path, voxtral:
         _build(VOXTRAL, gemma)
     with pytest.raises(ConfigError, match=r"is a 'voxtral' model, which reads audio: build it with model=audio_text_decoder$"):
         _build(GEMMA, voxtral)
+    with pytest.raises(ConfigError, match=r"model.methods.vision_encoder.inputs\[0\] has shape \[1, 3, 48, 48\]; the folder's "
+                                          r"model takes \[1, 3, 32, 32\]: set model.methods.vision_encoder.inputs.0.shape=\[1,3,32,32\]$"):
+        steps.run_all(typed(compose([*GEMMA, f"model.weights={gemma}", "cache=off",  # type: ignore[arg-type]
+                                     "model.methods.vision_encoder.inputs.0.shape=[1,3,48,48]"])), tmp_path / "wrong")
     with pytest.raises(ConfigError, match=r"model=image_text_decoder builds from a Hugging Face model folder \(model.weights"):
         objects.model(typed(compose(GEMMA)))  # type: ignore[arg-type]
     files = steps.run_all(typed(compose([*GEMMA, f"model.weights={gemma}", *PORTABLE])), tmp_path / "build")  # type: ignore[arg-type]

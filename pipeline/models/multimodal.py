@@ -6,9 +6,11 @@ window stands for, writes them into the program's state at the `slot` it is give
 positions start..start+T-1, their logits; where a token is the model's placeholder (its
 `image_token_id` or `audio_token_id`), the step embeds the state's next media row instead, in order
 (the k-th placeholder of the step takes row k), as transformers' model splices them. Gemma 3's image
-tokens attend to each other both ways: the step gives the model the placeholders as its
-`token_type_ids`, as its processor does. So a prompt's placeholders all go in one step (the prompt's),
-after the encoder ran for each of its images or windows; `pipeline.runtime.media` runs the two.
+tokens attend to each other both ways: the step makes the masks transformers makes from the
+`token_type_ids` its processor gives (1 at the placeholders). So a prompt's placeholders all go in one
+step (the prompt's), after the encoder ran for each of its images or windows; `pipeline.runtime.media`
+runs the two. Families the tests do not name (LLaVA) build where their rows only replace their image
+tokens, checked against transformers when built.
 
 The embedding table is in the text decoder's engine once (a tied LM head shares it), and a decoder
 program's `generate` runs a multimodal program on text alone."""
@@ -86,12 +88,15 @@ class MediaDecoder(Decoder):
         """An image's pixels [1, 3, H, W] (as the folder's image processor makes them) -> its rows of
         token embeddings [1, rows, hidden], written into the state at `slot` ([1])."""
         self._media_is("image")
+        self._takes(pixels, _pixels(self._conditional.config), "vision_encoder")
         return self._keep(_rows_of(self._conditional.get_image_features(pixel_values=pixels).pooler_output), slot)
 
     def audio_encoder(self, features: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """One window's log-mel features [1, mels, frames] (as the folder's feature extractor makes
         them) -> its rows of token embeddings [1, rows, hidden], written into the state at `slot` ([1])."""
         self._media_is("audio")
+        audio = self._conditional.config.audio_config
+        self._takes(features, (1, int(audio.num_mel_bins), 2 * int(audio.max_source_positions)), "audio_encoder")
         return self._keep(_rows_of(self._conditional.get_audio_features(features).pooler_output), slot)
 
     def _media_is(self, media: str) -> None:
@@ -99,10 +104,17 @@ class MediaDecoder(Decoder):
             raise ConfigError(f"a {type(self._conditional).__name__} reads {self.family.media}, not {media}: build it with "
                               f"model={CONFIGS[self.family.media]}")
 
+    @staticmethod
+    def _takes(item: torch.Tensor, shape: tuple[int, ...], method: str) -> None:
+        if tuple(item.shape) != shape:
+            want = ",".join(map(str, shape))
+            raise ConfigError(f"model.methods.{method}.inputs[0] has shape {list(item.shape)}; the folder's model takes "
+                              f"{list(shape)}: set model.methods.{method}.inputs.0.shape=[{want}]")
+
     def _keep(self, rows: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         if rows.shape[1] != self.rows:
-            raise ConfigError(f"the encoder gives {rows.shape[1]} rows where the model's config says {self.rows}: the "
-                              "encoder method's input is not the size the folder's processor makes; set it to that size")
+            raise ConfigError(f"the encoder gives {rows.shape[1]} rows where the model's config says {self.rows}; a "
+                              "program of this folder cannot splice them")
         at = slot.clamp(0, self.slots - 1) * self.rows + torch.arange(self.rows, device=rows.device)
         self.media.index_copy_(1, at, rows.to(self.media.dtype))
         return rows
