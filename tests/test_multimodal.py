@@ -236,6 +236,10 @@ def test_what_a_multimodal_program_cannot_take_is_one_line(gemma: Path, voxtral:
     with pytest.raises(InputError, match=r"the prompt holds the program's image or audio placeholder token \(299\); run "
                                          r"it with pipeline.runtime.media"):
         generate(program, ids, 3, "text_decoder", "text_decoder")  # the rows would be of no item given
+    done = run_runner("transcribe", files["pte"], "--input", "f.npy", "--input", "m.npy")
+    assert done.stderr.strip().splitlines()[-1] == ("pipeline-runner: the program is not a Parakeet program (no ctc_blank_id, "
+                                                    "or blank_id and joint); build one with model=parakeet or "
+                                                    "model=parakeet_transducer")
     # The refusals ran nothing: the state holds the first image's rows still (other pixels would change them).
     torch.testing.assert_close(program.method("text_decoder").execute([ids, start])[0], before, rtol=0, atol=0)
     (tmp_path / "not.png").write_bytes(b"\x89PNG" + bytes(40))

@@ -110,6 +110,7 @@ def test_an_audio_file_transcribes_as_transformers_does(with_extractor: Path, tm
     speech_main([str(files["pte"]), "--audio", str(wav), "--model-folder", str(folder)])
     assert capsys.readouterr().out.split() == [str(t) for t in want]  # no tokenizer in the folder: ids only
     assert transcribe_ctc(executorch_runtime.load(files["pte"]), features) == want
+    assert _runner_ids(files["pte"], features, 400, tmp_path) == want
     with pytest.raises(InputError, match=r"the program takes one utterance \[1, frames, mels\] of 1..400 frames"):
         transcribe_ctc(load(files["pte"]), torch.randn(1, 401, 80))
 
@@ -156,6 +157,20 @@ def _transducer_ids(folder: Path, features: torch.Tensor) -> list[int]:
         return [t for t in model.generate(input_features=features).sequences[0, 1:].tolist() if t != BLANK]
 
 
+def _runner_ids(pte: Path, features: torch.Tensor, frames: int, tmp: Path) -> list[int]:
+    """What the Python-free runner transcribes: `pipeline-runner transcribe` on the features padded to the
+    program's `frames` and their mask."""
+    from pipeline.runtime.native_library import run_runner
+
+    padded, mask = torch.zeros(1, frames, features.shape[2]), torch.zeros(1, frames, dtype=torch.int64)
+    padded[:, :features.shape[1]], mask[:, :features.shape[1]] = features, 1
+    np.save(tmp / "features.npy", padded.numpy())
+    np.save(tmp / "mask.npy", mask.numpy())
+    done = run_runner("transcribe", pte, "--input", tmp / "features.npy", "--input", tmp / "mask.npy")
+    assert done.returncode == 0, done.stderr
+    return [int(t) for t in done.stdout.split()]
+
+
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])
 def test_a_transducer_folder_transcribes_as_transformers_does(kind: str, transducers: dict[str, Path],
                                                              tmp_path: Path) -> None:
@@ -167,6 +182,7 @@ def test_a_transducer_folder_transcribes_as_transformers_does(kind: str, transdu
         want = _transducer_ids(transducers[kind], features)
         assert want and transcribe_transducer(load(files["pte"]), features) == want, frames
         assert transcribe_transducer(executorch_runtime.load(files["pte"]), features) == want, frames
+        assert _runner_ids(files["pte"], features, 400, tmp_path) == want, frames
 
 
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])
@@ -218,6 +234,18 @@ def test_the_runner_runs_the_ctc_program_as_pipeline_runtime_does(folder: Path, 
     want = load(files["pte"]).method("encoder").execute([features.cuda(), mask.cuda()])
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "output_0.npy")), want[0].cpu(), rtol=1e-4, atol=1e-4)
     assert np.array_equal(np.load(tmp_path / "output_1.npy"), want[1].cpu().numpy())
+    assert _runner_ids(files["pte"], features[:, :900], 3000, tmp_path) == transcribe_ctc(load(files["pte"]), features[:, :900])
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_the_runner_transcribes_as_pipeline_runtime_does(kind: str, transducers: dict[str, Path], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    files = steps.run_all(typed(compose(["model=parakeet_transducer", f"model.weights={transducers[kind]}",  # type: ignore[arg-type]
+                                         "model.kwargs.max_frames=1200", *STRICT])), tmp_path)
+    features = torch.randn(1, 700, 80, generator=torch.Generator().manual_seed(700))
+    assert _runner_ids(files["pte"], features, 1200, tmp_path) == transcribe_transducer(load(files["pte"]), features)
 
 
 @gpu

@@ -6,6 +6,7 @@
 //   pipeline-runner generate PROGRAM.pte [--ptd DATA.ptd] --prompt "1 5 9" [--max-new-tokens N]
 //                   [--prefill prefill] [--decode decode] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]
 //                   [--encoder NAME --input X.npy ...]
+//   pipeline-runner transcribe PROGRAM.pte [--ptd DATA.ptd] --input FEATURES.npy --input MASK.npy
 //
 // --cuda-graph: TensorRT-RTX's own whole-graph capture. --method-graph: each engine call captured as
 // one CUDA graph once a call repeats the last one's shapes, replayed while they hold (a decode step
@@ -21,279 +22,33 @@
 // the prompt must hold the program's placeholder token once per row it wrote. The methods share the program's
 // planned memory, so what prefill writes in the state decode reads; the delegate keeps that state on
 // the device. Inputs are checked against the program record (dtype, dims, values) before any run.
+// `transcribe` runs a Parakeet program (CTC, RNN-T or TDT) on padded log-mel features and the mask of
+// the utterance's frames, decodes greedily as pipeline.runtime.speech does, and prints the token ids.
 // Every refusal is one line on stderr and exit status 1.
-#include <executorch/extension/data_loader/mmap_data_loader.h>
-#include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
-#include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
-#include <executorch/runtime/core/evalue.h>
-#include <executorch/runtime/core/hierarchical_allocator.h>
-#include <executorch/runtime/core/portable_type/tensor_impl.h>
-#include <executorch/runtime/executor/memory_manager.h>
-#include <executorch/runtime/executor/method.h>
-#include <executorch/runtime/executor/program.h>
 #include <executorch/runtime/platform/runtime.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <map>
-#include <memory>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "../trt/blob.h"
-#include "npy.h"
-#include "record.h"
+#include "commands.h"
+#include "greedy.h"
+#include "program.h"
 
-extern "C" {
-const char* pipeline_trt_last_error();
-int pipeline_trt_set_cuda_graph(int mode);
-int pipeline_trt_set_kernel_specialization(int strategy);
-unsigned long long pipeline_trt_bytes_to_device();
-unsigned long long pipeline_trt_bytes_to_host();
-int pipeline_trt_pin_host(void* ptr, size_t bytes);
-void pipeline_trt_unpin_host(void* ptr);
-}
-
+namespace pipeline_runner {
 namespace {
-
-namespace et = ::executorch::runtime;
-using executorch::extension::FlatTensorDataMap;
-using executorch::extension::MallocMemoryAllocator;
-using executorch::extension::MmapDataLoader;
-using pipeline_runner::Array;
-
-struct Refusal {
-  std::string line;
-};
-
-[[noreturn]] void refuse(const std::string& line) { throw Refusal{line}; }
-
-std::string hex(et::Error e) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%x", static_cast<unsigned>(e));
-  return buf;
-}
-
-// The delegate's line when it refused, else ExecuTorch's error code.
-std::string why(et::Error e) {
-  const char* line = pipeline_trt_last_error();
-  return line && *line ? std::string(line) : "ExecuTorch error " + hex(e) + " (see the log above)";
-}
-
-// ---- the program --------------------------------------------------------------------------------
-class Runner {
- public:
-  Runner(const std::string& pte, const std::optional<std::string>& ptd) : where_(pte) {
-    std::string error;
-    if (!pipeline_runner::regular_file(pte, error) || (ptd && !pipeline_runner::regular_file(*ptd, error))) refuse(error);
-    auto loader = MmapDataLoader::from(pte.c_str());
-    if (!loader.ok()) refuse(pte + ": cannot open it (error " + hex(loader.error()) + ")");
-    pte_loader_.emplace(std::move(loader.get()));
-    auto program = et::Program::load(&*pte_loader_, et::Program::Verification::InternalConsistency);
-    if (!program.ok()) refuse(pte + ": not a program ExecuTorch loads (error " + hex(program.error()) + "); rebuild it");
-    program_.emplace(std::move(program.get()));
-    if (ptd) {
-      auto data_loader = MmapDataLoader::from(ptd->c_str());
-      if (!data_loader.ok()) refuse(*ptd + ": cannot open it (error " + hex(data_loader.error()) + ")");
-      ptd_loader_.emplace(std::move(data_loader.get()));
-      auto map = FlatTensorDataMap::load(&*ptd_loader_);
-      if (!map.ok()) refuse(*ptd + ": not a .ptd ExecuTorch reads (error " + hex(map.error()) + "); use the one written with the program");
-      data_map_.emplace(std::move(map.get()));
-    }
-    // One arena per memory id for every method, so that state planned there is shared by them.
-    for (size_t m = 0; m < program_->num_methods(); ++m) {
-      const char* name = program_->get_method_name(m).get();
-      auto meta = program_->method_meta(name);
-      if (!meta.ok()) continue;
-      for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
-        size_t size = static_cast<size_t>(meta->memory_planned_buffer_size(i).get());
-        if (arenas_.size() <= i) arenas_.resize(i + 1);
-        if (arenas_[i].size() < size) arenas_[i].resize(size);
-      }
-    }
-    for (auto& a : arenas_) {
-      spans_.emplace_back(a.data(), a.size());
-      // Page-locked where the driver allows: the delegate's copies of inputs and outputs then go
-      // straight to and from the device (a decode step's logits each step); else they stay pageable.
-      if (pipeline_trt_pin_host(a.data(), a.size()) == 0) pinned_.push_back(a.data());
-    }
-    read_record();
-  }
-  ~Runner() {
-    methods_.clear();
-    for (void* p : pinned_) pipeline_trt_unpin_host(p);
-  }
-  Runner(const Runner&) = delete;
-  Runner& operator=(const Runner&) = delete;
-
-  et::Method& method(const std::string& name) {
-    auto found = methods_.find(name);
-    if (found != methods_.end()) return *found->second->method;
-    auto meta = program_->method_meta(name.c_str());
-    if (!meta.ok()) refuse(where_ + " has no method '" + name + "'");
-    auto slot = std::make_unique<Loaded>();
-    slot->spans.assign(spans_.begin(), spans_.begin() + static_cast<long>(meta->num_memory_planned_buffers()));
-    slot->planned.emplace(et::Span<et::Span<uint8_t>>(slot->spans.data(), slot->spans.size()));
-    slot->memory.emplace(&slot->method_allocator, &*slot->planned, &slot->temp_allocator);
-    auto loaded = program_->load_method(name.c_str(), &*slot->memory, nullptr, data_map_ ? &*data_map_ : nullptr);
-    if (!loaded.ok()) refuse("method '" + name + "' does not load: " + why(loaded.error()));
-    slot->method.emplace(std::move(loaded.get()));
-    et::Method& m = *slot->method;
-    methods_.emplace(name, std::move(slot));
-    return m;
-  }
-
-  // Outputs of `name` on `inputs`, after the record's checks.
-  std::vector<Array> call(const std::string& name, const std::vector<Array>& inputs) {
-    et::Method& m = call_in_place(name, inputs);
-    std::vector<Array> outs;
-    for (size_t i = 0; i < m.outputs_size(); ++i) outs.push_back(to_array(m.get_output(i), name, i));
-    return outs;
-  }
-
-  // Run `name` on `inputs` (after the record's checks); its outputs stay where the method wrote them,
-  // valid until its next call.
-  et::Method& call_in_place(const std::string& name, const std::vector<Array>& inputs) {
-    check(name, inputs);
-    et::Method& m = method(name);
-    execute(m, name, inputs);
-    return m;
-  }
-
-  void check(const std::string& name, const std::vector<Array>& inputs) {
-    auto specs = specs_.find(name);
-    std::string error;
-    if (specs != specs_.end() && !pipeline_runner::check_inputs(name, specs->second, inputs, error)) refuse(error);
-  }
-
-  void execute(et::Method& m, const std::string& name, const std::vector<Array>& inputs) {
-    if (inputs.size() != m.inputs_size())
-      refuse("method '" + name + "' takes " + std::to_string(m.inputs_size()) + " inputs, got " + std::to_string(inputs.size()));
-    std::vector<std::unique_ptr<Held>> held;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      held.push_back(std::make_unique<Held>(inputs[i]));
-      et::Error e = m.set_input(et::EValue(executorch::aten::Tensor(&held.back()->impl)), i);
-      if (e != et::Error::Ok)
-        refuse("method '" + name + "' input " + std::to_string(i) + " is refused by ExecuTorch (error " + hex(e) +
-               "): its dtype or shape is not the program's");
-    }
-    et::Error e = m.execute();
-    if (e != et::Error::Ok) refuse("method '" + name + "' failed: " + why(e));
-  }
-
-  // The most bytes input `i` of `name` can hold (the .npy header's room included): no input file
-  // larger is read.
-  uint64_t input_limit(const std::string& name, size_t i) {
-    auto meta = program_->method_meta(name.c_str());
-    if (!meta.ok()) refuse(where_ + " has no method '" + name + "'");
-    if (i >= meta->num_inputs())
-      refuse("method '" + name + "' takes " + std::to_string(meta->num_inputs()) + " inputs, got more");
-    auto tensor = meta->input_tensor_meta(i);
-    return tensor.ok() ? tensor->nbytes() + (1 << 16) + 12 : 0;
-  }
-
-  bool has_constant(const std::string& name) {
-    return program_->method_meta(name.c_str()).ok();
-  }
-
-  int64_t constant_int(const std::string& name) {
-    et::Method& m = method(name);
-    if (m.execute() != et::Error::Ok || m.outputs_size() != 1 || !m.get_output(0).isInt())
-      refuse(where_ + ": constant method '" + name + "' is not an integer");
-    return m.get_output(0).toInt();
-  }
-
- private:
-  struct Loaded {
-    MallocMemoryAllocator method_allocator, temp_allocator;
-    std::vector<et::Span<uint8_t>> spans;
-    std::optional<et::HierarchicalAllocator> planned;
-    std::optional<et::MemoryManager> memory;
-    std::optional<et::Method> method;
-  };
-  // An input's tensor: sizes, dim order and strides for ExecuTorch's TensorImpl over the array's own
-  // data (set_input copies it into the program's planned memory and never writes it).
-  struct Held {
-    explicit Held(const Array& a)
-        : sizes(a.shape.begin(), a.shape.end()),
-          order(a.shape.size()),
-          strides(a.shape.size()),
-          impl(static_cast<executorch::aten::ScalarType>(pipeline_trt::dtype_scalar_type(a.dtype)),
-               static_cast<ssize_t>(sizes.size()), sizes.data(), const_cast<uint8_t*>(a.data.data()), fill_order(),
-               fill_strides()) {}
-    executorch::aten::DimOrderType* fill_order() {
-      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<executorch::aten::DimOrderType>(i);
-      return order.data();
-    }
-    executorch::aten::StridesType* fill_strides() {
-      executorch::aten::StridesType s = 1;
-      for (size_t i = strides.size(); i-- > 0;) {
-        strides[i] = s;
-        s *= sizes[i];
-      }
-      return strides.data();
-    }
-    std::vector<executorch::aten::SizesType> sizes;
-    std::vector<executorch::aten::DimOrderType> order;
-    std::vector<executorch::aten::StridesType> strides;
-    executorch::runtime::etensor::TensorImpl impl;
-  };
-
-  Array to_array(const et::EValue& v, const std::string& name, size_t i) {
-    if (!v.isTensor()) refuse("method '" + name + "' output " + std::to_string(i) + " is not a tensor; run it from Python");
-    const auto& t = v.toTensor();
-    Array a;
-    a.dtype = pipeline_trt::dtype_of_scalar_type(static_cast<int>(t.scalar_type()));
-    a.shape.assign(t.sizes().begin(), t.sizes().end());
-    const auto* p = static_cast<const uint8_t*>(t.const_data_ptr());
-    a.data.assign(p, p + t.nbytes());
-    return a;
-  }
-
-  void read_record() {
-    auto meta = program_->method_meta("pipeline_record");
-    if (!meta.ok()) return;  // a program from elsewhere: the delegate's checks only
-    et::Method& m = method("pipeline_record");
-    if (m.execute() != et::Error::Ok || m.outputs_size() != 1 || !m.get_output(0).isString())
-      refuse(where_ + ": its program record does not run; rebuild it");
-    auto text = m.get_output(0).toString();
-    std::string error;
-    if (!pipeline_runner::parse_record(std::string(text.data(), text.size()), specs_, error)) refuse(where_ + ": " + error);
-  }
-
-  std::string where_;
-  std::optional<MmapDataLoader> pte_loader_, ptd_loader_;
-  std::optional<et::Program> program_;
-  std::optional<FlatTensorDataMap> data_map_;
-  std::vector<std::vector<uint8_t>> arenas_;
-  std::vector<et::Span<uint8_t>> spans_;
-  std::vector<void*> pinned_;
-  std::map<std::string, std::unique_ptr<Loaded>> methods_;
-  std::map<std::string, std::vector<pipeline_runner::Spec>> specs_;
-};
-
-// ---- commands -----------------------------------------------------------------------------------
-struct Args {
-  std::string command, pte, method = "forward", output_dir = ".", prompt, prefill = "prefill", decode = "decode", encoder;
-  std::optional<std::string> ptd;
-  std::vector<std::string> inputs;
-  int repeat = 0, max_new_tokens = 16;
-  int graphs = 0;   // pipeline_trt_set_cuda_graph's mode
-  int kernels = 0;  // pipeline_trt_set_kernel_specialization's strategy
-};
 
 const char* const kUsage =
     "usage: pipeline-runner run PROGRAM.pte [--ptd DATA.ptd] --method NAME [--input X.npy ...] [--output-dir DIR] "
     "[--repeat N] [--cuda-graph | --method-graph] [--kernels lazy|eager|none]\n"
     "       pipeline-runner generate PROGRAM.pte [--ptd DATA.ptd] --prompt \"1 5 9\" [--max-new-tokens N] "
     "[--prefill NAME] [--decode NAME] [--cuda-graph | --method-graph] [--kernels lazy|eager|none] "
-    "[--encoder NAME --input X.npy ...]";
+    "[--encoder NAME --input X.npy ...]\n"
+    "       pipeline-runner transcribe PROGRAM.pte [--ptd DATA.ptd] --input FEATURES.npy --input MASK.npy";
 const char* const kKernels[] = {"lazy", "eager", "none"};
 
 int to_int(const std::string& flag, const std::string& text) {
@@ -308,7 +63,7 @@ Args parse(int argc, char** argv) {
   Args a;
   a.command = argv[1];
   a.pte = argv[2];
-  if (a.command != "run" && a.command != "generate") refuse(kUsage);
+  if (a.command != "run" && a.command != "generate" && a.command != "transcribe") refuse(kUsage);
   for (int i = 3; i < argc; ++i) {
     std::string flag = argv[i];
     if (flag == "--cuda-graph" || flag == "--method-graph") {
@@ -339,8 +94,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-std::vector<Array> read_inputs(Runner& runner, const std::string& method, const std::vector<std::string>& files);
-
 int run(Runner& runner, const Args& a) {
   std::vector<Array> inputs = read_inputs(runner, a.method, a.inputs);
   std::string error;
@@ -368,68 +121,7 @@ int run(Runner& runner, const Args& a) {
   return 0;
 }
 
-// A 16-bit float's bits (float16 or bfloat16: sign, then magnitude) as an integer ordered as the
-// values are, -0 as +0; a NaN (magnitude above `inf`) lowest, so it never wins. Branch-free 16-bit
-// arithmetic, so the loops over it run as vector instructions.
-inline int16_t half_key(uint16_t bits, int16_t inf) {
-  const auto h = static_cast<int16_t>(bits);
-  const auto magnitude = static_cast<int16_t>(h & 0x7fff), sign = static_cast<int16_t>(h >> 15);
-  return magnitude > inf ? INT16_MIN : static_cast<int16_t>((magnitude ^ sign) - sign);
-}
-inline float float_key(float x) { return x != x ? -INFINITY : x; }  // a NaN never wins
-
-template <typename T, typename Key>
-auto block_max(const T* p, int64_t n, Key key) {
-  auto top = key(p[0]);
-#pragma omp simd reduction(max : top)
-  for (int64_t v = 0; v < n; ++v) top = std::max(top, key(p[v]));
-  return top;
-}
-
-// The first index of the largest of `n` values as `key` orders them: the maximum block by block
-// (vector instructions), then the first match from the block that holds it. 5 us for 32000 float16
-// logits where a plain loop took 21 (2-core development machine).
-template <typename T, typename Key>
-int64_t first_max(const T* p, int64_t n, Key key) {
-  constexpr int64_t kBlock = 512;
-  auto top = key(p[0]);
-  int64_t from = 0;
-  for (int64_t b = 0; b < n; b += kBlock)
-    if (auto m = block_max(p + b, std::min(kBlock, n - b), key); m > top) top = m, from = b;
-  for (int64_t v = from; v < n; ++v)
-    if (key(p[v]) == top) return v;
-  return 0;
-}
-
-// The last position's highest logit (logits [1, T, V], float32 / float16 / bfloat16, read where the
-// method wrote them), the first of equal ones; a NaN never wins. This runs every decode step, over
-// the whole vocabulary.
-int64_t argmax_last(const et::EValue& out) {
-  if (!out.isTensor() || out.toTensor().dim() != 3) refuse("the prefill/decode output is not logits [1, T, vocab]");
-  const auto& t = out.toTensor();
-  const int64_t vocab = t.size(2), row = t.size(1) - 1;
-  if (vocab < 1 || row < 0) refuse("the prefill/decode output holds no logits");
-  const std::string dtype = pipeline_trt::dtype_of_scalar_type(static_cast<int>(t.scalar_type()));
-  const auto* base = static_cast<const uint8_t*>(t.const_data_ptr());
-  if (dtype == "float32") {
-    const auto* p = reinterpret_cast<const float*>(base) + row * vocab;
-    return first_max(p, vocab, float_key);
-  }
-  if (dtype != "float16" && dtype != "bfloat16")
-    refuse("the logits are " + dtype + "; generate reads float32, float16 or bfloat16");
-  const int16_t inf = dtype == "float16" ? 0x7c00 : 0x7f80;
-  const auto* p = reinterpret_cast<const uint16_t*>(base) + row * vocab;
-  return first_max(p, vocab, [inf](uint16_t h) { return half_key(h, inf); });
-}
-
-Array ints(const std::vector<int64_t>& values, std::vector<int64_t> shape) {
-  Array a;
-  a.dtype = "int64";
-  a.shape = std::move(shape);
-  a.data.resize(values.size() * 8);
-  std::memcpy(a.data.data(), values.data(), a.data.size());
-  return a;
-}
+}  // namespace
 
 std::vector<Array> read_inputs(Runner& runner, const std::string& method, const std::vector<std::string>& files) {
   std::vector<Array> inputs(files.size());
@@ -509,15 +201,17 @@ int generate(Runner& runner, const Args& a) {
   return 0;
 }
 
-}  // namespace
+}  // namespace pipeline_runner
 
 int main(int argc, char** argv) {
+  using namespace pipeline_runner;
   et::runtime_init();
   try {
     Args a = parse(argc, argv);
     pipeline_trt_set_cuda_graph(a.graphs);
     pipeline_trt_set_kernel_specialization(a.kernels);
     Runner runner(a.pte, a.ptd);
+    if (a.command == "transcribe") return transcribe(runner, a);
     return a.command == "run" ? run(runner, a) : generate(runner, a);
   } catch (const Refusal& r) {
     std::fprintf(stderr, "pipeline-runner: %s\n", r.line.c_str());
