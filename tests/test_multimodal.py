@@ -199,6 +199,8 @@ def test_an_audio_file_generates_as_transformers_does(voxtral: Path, tmp_path: P
     want = _transformers_tokens(voxtral, 6, input_ids=ids, input_features=torch.cat(windows))
     for program in (load(files["pte"]), executorch_runtime.load(files["pte"])):
         assert media_generate(program, ids, windows, 6)[0, ids.shape[1]:].tolist() == want
+    with pytest.raises(InputError, match=r"the audio items are of shapes \[\[1, 16, 80\], \[1, 16, 40\]\]; the encoder takes one"):
+        media_generate(program, ids, [windows[0], windows[1][..., :40]], 6)
     main([str(files["pte"]), "--audio", str(wav), "--prompt-ids", " ".join(map(str, ids[0].tolist())),
           "--model-folder", str(voxtral), "--max-new-tokens", "6"])
     assert capsys.readouterr().out.split() == [str(t) for t in want]  # no tokenizer in the folder: ids
@@ -227,6 +229,8 @@ def test_what_a_multimodal_program_cannot_take_is_one_line(gemma: Path, voxtral:
         media_generate(program, ids[:, 2:], [torch.randn(1, 3, 32, 32)], 3)
     with pytest.raises(InputError, match=r"2 image items given; the program holds 1 \(model.kwargs.slots\)"):
         media_generate(program, ids, [pixels, pixels], 3)
+    with pytest.raises(InputError, match=r"method 'vision_encoder' input 0"):  # the encoder's own check, before it runs
+        media_generate(program, ids, [torch.randn(1, 3, 16, 16)], 3)
     with pytest.raises(InputError, match=r"need 52 cache positions; the program's cache holds 48"):
         media_generate(program, ids, [torch.randn(1, 3, 32, 32)], 47)
     done = run_runner("generate", files["pte"], "--prompt", "2 5 6", "--prefill", "text_decoder", "--decode", "text_decoder",

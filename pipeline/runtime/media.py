@@ -48,15 +48,19 @@ def media_stream(program: Any, prompt: torch.Tensor, media: Sequence[torch.Tenso
     by the encoder into its slot, then the prompt and the tokens chosen after it greedily.
 
     Raises:
-        InputError: more items than the program has slots, a prompt whose placeholders are not one per
-            row of the items, or a prompt `generate` refuses (all checked before anything runs).
+        InputError: more items than the program has slots, items of different shapes, a prompt whose
+            placeholders are not one per row of the items, or a prompt `generate` refuses (all checked
+            before anything runs, the first item's shape by the encoder's own check).
     """
     kind = media_of(program)
     placeholder, rows, slots = (int(program.constant(name)) for name in (PLACEHOLDER, ROWS, SLOTS))
     if len(media) > slots:
         raise InputError(f"{len(media)} {kind} items given; the program holds {slots} (model.kwargs.slots): give fewer "
                          "or build it with more slots")
-    found = int((prompt == placeholder).sum()) if isinstance(prompt, torch.Tensor) else 0
+    if any(tuple(item.shape) != tuple(media[0].shape) or item.dtype != media[0].dtype for item in media):
+        raise InputError(f"the {kind} items are of shapes {[list(item.shape) for item in media]}; the encoder takes one "
+                         "shape: make each with the model's processor")  # else a later item's refusal would follow a run
+    found = int((prompt == placeholder).sum())
     if found != rows * len(media):
         raise InputError(f"the prompt holds {found} placeholder tokens (id {placeholder}); {len(media)} {kind} item(s) of "
                          f"{rows} rows each need {rows * len(media)}: make the prompt with the model's processor, which "
