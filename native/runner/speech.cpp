@@ -89,6 +89,7 @@ std::vector<int64_t> transducer(Runner& runner, const std::vector<Array>& inputs
   if (limit < 1) refuse("the program's max_symbols_per_step is below 1");
   const bool tdt = runner.has_constant("tdt_durations");
   const std::vector<int64_t> durations = tdt ? int_list(runner.constant_string("tdt_durations")) : std::vector<int64_t>{};
+  const int64_t tdt_vocab = tdt ? runner.constant_int("tdt_vocab_size") : 0;
   if (runner.method("joint").inputs_size() != 1)
     refuse("the joint takes a frame and a prediction (model=transducer_tiny): transcribe it with pipeline.runtime.speech");
   et::Method& encoder = runner.call_in_place("encoder", inputs);
@@ -104,7 +105,7 @@ std::vector<int64_t> transducer(Runner& runner, const std::vector<Array>& inputs
     if (!joint.get_output(0).isTensor()) refuse("the joint does not give logits");
     const auto& logits = joint.get_output(0).toTensor();
     const int64_t width = logits.numel();
-    const int64_t vocab = tdt ? runner.constant_int("tdt_vocab_size") : width;
+    const int64_t vocab = tdt ? tdt_vocab : width;
     if (vocab < 1 || vocab > width || (tdt && width - vocab != static_cast<int64_t>(durations.size())))
       refuse("the joint's logits are not the program's tokens and durations");
     ++steps;

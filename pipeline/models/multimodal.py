@@ -77,7 +77,7 @@ class MediaDecoder(Decoder):
 
     @property
     def program_constants(self) -> dict[str, int | str]:
-        audio = {FRAMES: 2 * int(self._conditional.config.audio_config.max_source_positions)} if self.family.media == "audio" else {}
+        audio = {FRAMES: _window(self._conditional.config)[2]} if self.family.media == "audio" else {}
         return {**super().program_constants, PLACEHOLDER: self.placeholder, ROWS: self.rows, SLOTS: self.slots, **audio}
 
     @property
@@ -95,8 +95,7 @@ class MediaDecoder(Decoder):
         """One window's log-mel features [1, mels, frames] (as the folder's feature extractor makes
         them) -> its rows of token embeddings [1, rows, hidden], written into the state at `slot` ([1])."""
         self._media_is("audio")
-        audio = self._conditional.config.audio_config
-        self._takes(features, (1, int(audio.num_mel_bins), 2 * int(audio.max_source_positions)), "audio_encoder")
+        self._takes(features, _window(self._conditional.config), "audio_encoder")
         return self._keep(_rows_of(self._conditional.get_audio_features(features).pooler_output), slot)
 
     def _media_is(self, media: str) -> None:
@@ -167,6 +166,13 @@ def _pixels(cfg: Any) -> tuple[int, ...]:
         raise ConfigError(f"a {type(cfg).__name__}'s vision config gives no one image size; model=image_text_decoder builds "
                           "families whose images are of one size")
     return (1, int(getattr(vision, "num_channels", 3)), size, size)
+
+
+def _window(cfg: Any) -> tuple[int, ...]:
+    """The log-mel features [1, mels, frames] of one audio window, as the model's audio config gives them
+    (its encoder's positions, each two frames: its second convolution's stride)."""
+    audio = cfg.audio_config
+    return (1, int(audio.num_mel_bins), 2 * int(audio.max_source_positions))
 
 
 def _rows(model: Any, family: Family) -> int:
