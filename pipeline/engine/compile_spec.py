@@ -194,6 +194,8 @@ def _normalise_ranges(ranges: Mapping[str, Mapping[Any, Any]], keys: Any = int,
 def _validate(spec: TensorRTCompileSpec) -> None:
     if spec.precision not in PRECISIONS:
         raise CompileSpecError(f"precision={spec.precision!r} is not supported; use one of {list(PRECISIONS)}")
+    if not isinstance(spec.decode_kernels, bool):
+        raise CompileSpecError(f"decode_kernels={spec.decode_kernels!r} must be true or false")
     if not isinstance(spec.allow_tf32, bool):
         raise CompileSpecError(f"allow_tf32={spec.allow_tf32!r} must be true or false")
     if not isinstance(spec.optimization_level, int) or not 0 <= spec.optimization_level <= 5:

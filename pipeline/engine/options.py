@@ -75,6 +75,9 @@ class CompileOptions:
             each call runs on the narrowest profile that takes its shapes (a decoder's one-token
             decode on a `{tokens: [1, 1, 1]}` profile, its prompts on the first).
         quantize: which weights the engine stores quantized, and how (`QuantizeSpec`).
+        decode_kernels: products of a constant weight with 1 to 8 tokens of fp16 (a decode step's) run
+            in the project's own kernels (`pipeline.kernels`: the weight as fp16, or int4 or fp8 as
+            `quantize` stores it) between engines, instead of in TensorRT's product kernels.
     """
 
     precision: str = "fp32"
@@ -90,3 +93,4 @@ class CompileOptions:
     attention: str = "fused"
     profiles: list[dict[str, Any]] = field(default_factory=list)  # each range [min, opt, max]
     quantize: QuantizeOptions = field(default_factory=QuantizeOptions)
+    decode_kernels: bool = False

@@ -227,12 +227,7 @@ def weight_layers(ctx: ConversionContext, value: torch.Tensor, scheme: WeightSch
 def simulated(value: torch.Tensor, scheme: WeightScheme) -> torch.Tensor:
     """The float weight an engine computes with where it stores `value` as `scheme` says (for checking an
     engine against its own rounding rather than against the float weights)."""
-    divided, scale = _divided(value, scheme)
-    if scheme.stored == "fp8":
-        rounded = divided.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-    else:
-        levels = _LEVELS[scheme.stored]
-        rounded = divided.round().clamp(-levels - 1, levels)
+    rounded, scale = stored_values(value, scheme)
     if scheme.group:
         scale = scale.repeat_interleave(scheme.group, dim=scheme.axis)
     elif scheme.axis is not None:
@@ -240,6 +235,16 @@ def simulated(value: torch.Tensor, scheme: WeightScheme) -> torch.Tensor:
         shape[scheme.axis] = -1
         scale = scale.reshape(shape)
     return (rounded * scale.to(torch.float32)).to(value.dtype)
+
+
+def stored_values(value: torch.Tensor, scheme: WeightScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values `value` is stored as under `scheme` (float32: integer levels, or fp8 values) and their
+    scales (float32, shaped as `_divided` gives them)."""
+    divided, scale = _divided(value, scheme)
+    if scheme.stored == "fp8":
+        return divided.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32), scale
+    levels = _LEVELS[scheme.stored]
+    return divided.round().clamp(-levels - 1, levels), scale
 
 
 def _divided(value: torch.Tensor, scheme: WeightScheme) -> tuple[torch.Tensor, torch.Tensor]:

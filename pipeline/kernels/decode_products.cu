@@ -1,0 +1,191 @@
+// The decode step's products as kernels of this project: y[T, N] = x[T, K] @ W[N, K]^T (+ bias) for
+// T = 1 to 8 tokens, W stored as fp16, int4 (groups along K) or fp8, read once at the memory's speed.
+//
+// One warp computes one output row: its lanes stride over the row in 16-byte chunks (8 fp16, 32 int4
+// or 16 fp8 values), multiply them with every token's x and keep T partial sums in float, which the
+// warp then adds. Weight layouts (pipeline/kernels/formats.py writes them):
+//   fp16  W: [N, K] fp16.
+//   int4  W: [N, K/2] bytes, k = 2j in byte j's low nibble and 2j+1 in its high one, each nibble
+//         q + 8 for q in [-8, 7]; scales: [N, K/group] fp16 (group a multiple of 32).
+//   fp8   W: [N, K] e4m3 bytes; scales: [N] float32 (one per row).
+// x, bias and y are fp16; accumulation is float.
+//
+// This source is compiled twice: by NVRTC to PTX (the program carries it; `__CUDACC_RTC__`), and by
+// the host's C++ compiler for the tests, where `dp_host` runs the same lane code one lane at a time
+// (the CPU's check of the layouts and the arithmetic).
+#ifdef __CUDACC_RTC__
+#include <cuda_fp16.h>
+#define DP_INLINE __device__ __forceinline__
+typedef unsigned int u32;
+typedef unsigned short u16;
+DP_INLINE float h2f(u16 bits) { return __half2float(__ushort_as_half(bits)); }
+DP_INLINE u16 f2h(float v) { return __half_as_ushort(__float2half_rn(v)); }
+struct Chunk { u32 w[4]; };
+DP_INLINE Chunk load16(const void* p) {
+  uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+  Chunk c = {{v.x, v.y, v.z, v.w}};
+  return c;
+}
+#else
+#include <cstring>
+#define DP_INLINE inline
+typedef unsigned int u32;
+typedef unsigned short u16;
+inline float h2f(u16 bits) { _Float16 h; std::memcpy(&h, &bits, 2); return static_cast<float>(h); }
+inline u16 f2h(float v) { _Float16 h = static_cast<_Float16>(v); u16 b; std::memcpy(&b, &h, 2); return b; }
+struct Chunk { u32 w[4]; };
+inline Chunk load16(const void* p) { Chunk c; std::memcpy(c.w, p, 16); return c; }
+#endif
+
+enum { kFp16 = 0, kInt4 = 1, kFp8 = 2 };
+enum { kWarp = 32, kRowsPerBlock = 4 };
+
+template <int F> struct Format;
+template <> struct Format<kFp16> { enum { values = 8, row_bytes_num = 2, row_bytes_den = 1 }; };
+template <> struct Format<kInt4> { enum { values = 32, row_bytes_num = 1, row_bytes_den = 2 }; };
+template <> struct Format<kFp8> { enum { values = 16, row_bytes_num = 1, row_bytes_den = 1 }; };
+
+struct Args {
+  const u16* x;
+  const unsigned char* w;
+  const void* scales;
+  const u16* bias;  // nullptr: none
+  u16* y;
+  int n, k, group;
+};
+
+// x[t, k0 .. k0 + 8) as float.
+DP_INLINE void x8(const Args& a, int t, int k0, float out[8]) {
+  Chunk c = load16(a.x + static_cast<long>(t) * a.k + k0);
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = h2f(static_cast<u16>(c.w[i] & 0xffffu));
+    out[2 * i + 1] = h2f(static_cast<u16>(c.w[i] >> 16));
+  }
+}
+
+// One chunk's 8 .. 32 weights as float (before any scale).
+template <int F>
+DP_INLINE void weights(const Chunk& c, float v[Format<F>::values]) {
+  for (int i = 0; i < 4; ++i) {
+    u32 word = c.w[i];
+    if (F == kFp16) {
+      v[2 * i] = h2f(static_cast<u16>(word & 0xffffu));
+      v[2 * i + 1] = h2f(static_cast<u16>(word >> 16));
+    } else if (F == kInt4) {
+      for (int j = 0; j < 8; ++j) v[8 * i + j] = static_cast<float>(static_cast<int>((word >> (4 * j)) & 0xfu) - 8);
+    } else {
+      // e4m3 byte -> the fp16 with the same sign, exponent and mantissa bits: the value times 2^-8
+      // (normal and subnormal alike); the 2^8 goes into the row's scale.
+      for (int j = 0; j < 4; ++j) {
+        u32 b = (word >> (8 * j)) & 0xffu;
+        v[4 * i + j] = h2f(static_cast<u16>(((b & 0x80u) << 8) | ((b & 0x7fu) << 7)));
+      }
+    }
+  }
+}
+
+// A lane's partial sums of row `row` for every token: chunks lane, lane + 32, ...
+template <int T, int F>
+DP_INLINE void lane_sums(const Args& a, int row, int lane, float acc[T]) {
+  const int values = Format<F>::values;
+  const long row_bytes = static_cast<long>(a.k) * Format<F>::row_bytes_num / Format<F>::row_bytes_den;
+  const unsigned char* w = a.w + row * row_bytes;
+  const int chunks = a.k / values;
+  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+#ifdef __CUDACC_RTC__
+#pragma unroll 4
+#endif
+  for (int c = lane; c < chunks; c += kWarp) {
+    float v[values];
+    weights<F>(load16(w + c * 16), v);
+    float scale = 1.0f;
+    if (F == kInt4) scale = h2f(static_cast<const u16*>(a.scales)[static_cast<long>(row) * (a.k / a.group) + c * values / a.group]);
+    for (int t = 0; t < T; ++t) {
+      float sum = 0.0f;
+      for (int part = 0; part < values / 8; ++part) {
+        float xs[8];
+        x8(a, t, c * values + part * 8, xs);
+        for (int i = 0; i < 8; ++i) sum += v[part * 8 + i] * xs[i];
+      }
+      acc[t] += scale * sum;
+    }
+  }
+}
+
+template <int T, int F>
+DP_INLINE void finish(const Args& a, int row, const float acc[T]) {
+  float scale = F == kFp8 ? static_cast<const float*>(a.scales)[row] * 256.0f : 1.0f;
+  for (int t = 0; t < T; ++t) {
+    float v = acc[t] * scale;
+    if (a.bias) v += h2f(a.bias[row]);
+    a.y[static_cast<long>(t) * a.n + row] = f2h(v);
+  }
+}
+
+#ifdef __CUDACC_RTC__
+template <int T, int F>
+__device__ void product(const Args& a) {
+  const int lane = threadIdx.x % kWarp;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= a.n) return;
+  float acc[T];
+  lane_sums<T, F>(a, row, lane, acc);
+  for (int t = 0; t < T; ++t)
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], offset);
+  if (lane == 0) finish<T, F>(a, row, acc);
+}
+
+#define DP_KERNEL(NAME, T, F)                                                                        \
+  extern "C" __global__ void __launch_bounds__(kWarp * kRowsPerBlock)                               \
+  NAME(const u16* x, const unsigned char* w, const void* scales, const u16* bias, u16* y, int n,     \
+       int k, int group) {                                                                          \
+    Args a = {x, w, scales, bias, y, n, k, group};                                                  \
+    product<T, F>(a);                                                                               \
+  }
+#define DP_TOKENS(PREFIX, F)                                                                         \
+  DP_KERNEL(PREFIX##_t1, 1, F) DP_KERNEL(PREFIX##_t2, 2, F) DP_KERNEL(PREFIX##_t3, 3, F)            \
+  DP_KERNEL(PREFIX##_t4, 4, F) DP_KERNEL(PREFIX##_t5, 5, F) DP_KERNEL(PREFIX##_t6, 6, F)            \
+  DP_KERNEL(PREFIX##_t7, 7, F) DP_KERNEL(PREFIX##_t8, 8, F)
+DP_TOKENS(dp_fp16, kFp16)
+DP_TOKENS(dp_int4, kInt4)
+DP_TOKENS(dp_fp8, kFp8)
+#else
+template <int T, int F>
+void host_product(const Args& a) {
+  for (int row = 0; row < a.n; ++row) {
+    float total[T] = {};
+    for (int lane = 0; lane < kWarp; ++lane) {
+      float acc[T];
+      lane_sums<T, F>(a, row, lane, acc);
+      for (int t = 0; t < T; ++t) total[t] += acc[t];
+    }
+    finish<T, F>(a, row, total);
+  }
+}
+
+template <int F>
+int host_tokens(const Args& a, int tokens) {
+  switch (tokens) {
+    case 1: host_product<1, F>(a); return 0;
+    case 2: host_product<2, F>(a); return 0;
+    case 3: host_product<3, F>(a); return 0;
+    case 4: host_product<4, F>(a); return 0;
+    case 5: host_product<5, F>(a); return 0;
+    case 6: host_product<6, F>(a); return 0;
+    case 7: host_product<7, F>(a); return 0;
+    case 8: host_product<8, F>(a); return 0;
+  }
+  return -1;
+}
+
+// The kernels' arithmetic on the CPU, lane by lane (the tests' check): 0, or -1 for an unknown format
+// or token count.
+extern "C" int dp_host(int format, int tokens, const u16* x, const unsigned char* w, const void* scales,
+                       const u16* bias, u16* y, int n, int k, int group) {
+  Args a = {x, w, scales, bias, y, n, k, group};
+  if (format == kFp16) return host_tokens<kFp16>(a, tokens);
+  if (format == kInt4) return host_tokens<kInt4>(a, tokens);
+  if (format == kFp8) return host_tokens<kFp8>(a, tokens);
+  return -1;
+}
+#endif

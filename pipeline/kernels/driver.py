@@ -1,0 +1,80 @@
+"""The project's PTX loaded by the CUDA driver (libcuda, through ctypes) and its kernels launched on
+PyTorch's current stream: how `pipeline.runtime` and the benchmarks run them."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pipeline.errors import RuntimeUnavailableError
+from pipeline.kernels import formats
+from pipeline.kernels.formats import PackedWeight
+
+
+@functools.cache
+def _cuda() -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise RuntimeUnavailableError(f"the project's kernels need the CUDA driver (libcuda.so.1): {exc}") from exc
+    lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return lib
+
+
+def _check(status: int, call: str) -> None:
+    if status:
+        text = ctypes.c_char_p()
+        _cuda().cuGetErrorString(status, ctypes.byref(text))
+        raise RuntimeUnavailableError(f"{call} failed: {(text.value or b'?').decode()}")
+
+
+class Module:
+    """PTX loaded into the current device's primary context (PyTorch's)."""
+
+    def __init__(self, ptx: bytes) -> None:
+        torch.cuda.init()
+        torch.cuda.current_stream()  # makes PyTorch's context current on this thread
+        self._handle = ctypes.c_void_p()
+        error = ctypes.create_string_buffer(4096)
+        options = (ctypes.c_int * 2)(5, 6)  # CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
+        values = (ctypes.c_void_p * 2)(ctypes.cast(error, ctypes.c_void_p), ctypes.c_void_p(len(error)))
+        status = _cuda().cuModuleLoadDataEx(ctypes.byref(self._handle), ctypes.c_char_p(ptx), 2, options, values)
+        if status:
+            text = ctypes.c_char_p()
+            _cuda().cuGetErrorString(status, ctypes.byref(text))
+            raise RuntimeUnavailableError(
+                f"this machine's CUDA driver cannot load the program's kernels ({(text.value or b'?').decode()}: "
+                f"{error.value.decode(errors='replace').strip()}); run it where the driver supports the PTX "
+                "(CUDA 13's: driver 580 or later) or rebuild it without compile.decode_kernels"
+            )
+        self._functions: dict[str, ctypes.c_void_p] = {}
+
+    def function(self, name: str) -> ctypes.c_void_p:
+        if name not in self._functions:
+            handle = ctypes.c_void_p()
+            _check(_cuda().cuModuleGetFunction(ctypes.byref(handle), self._handle, name.encode()), f"cuModuleGetFunction({name})")
+            self._functions[name] = handle
+        return self._functions[name]
+
+    def launch(self, name: str, grid: int, block: int, args: Sequence[Any]) -> None:
+        """Launch `name` on PyTorch's current stream with `args` (ctypes values, in its parameter order)."""
+        pointers = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        _check(_cuda().cuLaunchKernel(self.function(name), grid, 1, 1, block, 1, 1, 0, stream, pointers, None), f"cuLaunchKernel({name})")
+
+
+def product(module: Module, x: torch.Tensor, weight: PackedWeight, out: torch.Tensor,
+            bias: torch.Tensor | None = None) -> torch.Tensor:
+    """out[t, n] = x[t, k] @ weight^T (+ bias) with the project's kernel; every tensor on the GPU, fp16,
+    contiguous."""
+    tokens = x.shape[0]
+    scales = weight.scales.data_ptr() if weight.scales is not None else 0
+    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(weight.weight.data_ptr()), ctypes.c_void_p(scales),
+            ctypes.c_void_p(bias.data_ptr() if bias is not None else 0), ctypes.c_void_p(out.data_ptr()),
+            ctypes.c_int(weight.n), ctypes.c_int(weight.k), ctypes.c_int(weight.group)]
+    module.launch(formats.kernel_name(weight.format, tokens), formats.grid(weight.n), formats.THREADS, args)
+    return out

@@ -1,0 +1,126 @@
+"""`compile.decode_kernels`: a decoder's one-token decode step runs its products in the project's kernels
+between engines. On the CPU: the rewritten graph computes what the model does (its products by the
+kernels' reference, int4 with the engines' rounding), every engine between is checked by the reference
+executor, and the program carries the kernels' PTX and the packed weights; on a GPU, the program's
+decode steps give transformers' logits and greedy tokens."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.config.compose import compose, typed
+from pipeline.engine import quantize
+from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.kernels import formats, ptx
+from pipeline.kernels.product_op import is_decode_product
+from pipeline.lowering.compile import export_method
+from pipeline.lowering.constant_fold import fold_constants, written_buffers
+from pipeline.lowering.decode_products import take_products
+from pipeline.models.hf import decoder
+from pipeline.steps import run_all
+from tests.helpers import assert_engines_checked, gpu
+
+SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 256}
+# +experiment=llm_decode_kernels at llama_tiny's size: prefill one engine over a token range, decode one token.
+BUILD = ["+experiment=llm_decode_kernels", "cache=off", "serialize=default", "compile.profiles=[]",
+         *(f"model.kwargs.{k}={v}" for k, v in SIZE.items()), "model.kwargs.max_cache_len=64",
+         "model.methods.prefill.dims.tokens.max=64", "model.methods.prefill.inputs.0.shape=[1,16]",
+         "model.methods.prefill.inputs.0.high=256", "model.methods.decode.inputs.0.high=256"]
+
+
+def _decode_graph(mode: str, tokens: int = 1) -> tuple[torch.fx.GraphModule, tuple[torch.Tensor, torch.Tensor]]:
+    model = decoder(architecture="llama", max_cache_len=32, dtype="float16", **SIZE)  # type: ignore[arg-type]
+    inputs = (torch.randint(0, 256, (1, tokens), generator=torch.Generator().manual_seed(0)), torch.tensor([3]))
+    gm = export_method(model, inputs).module()
+    fold_constants(gm, written_buffers(gm))
+    return gm, inputs
+
+
+@pytest.mark.parametrize("mode, tokens", [("none", 1), ("int4_weight_only", 1), ("fp8", 1), ("none", 3)])
+def test_the_rewritten_step_computes_the_models_logits_on_the_cpu(mode: str, tokens: int) -> None:
+    """The products go to `decode_product` calls (q, k and v as one, gate and up as one) and the step
+    gives the model's logits: fp16 at fp16's rounding, int4 and fp8 those of the model with its weights
+    rounded as the engines store them."""
+    gm, inputs = _decode_graph(mode, tokens)
+    spec = TensorRTCompileSpec(precision="fp16", decode_kernels=True, quantize={"mode": mode, "group_size": 32})
+    want_gm = copy.deepcopy(gm)
+    if mode != "none":  # the model as its weights are stored
+        scheme = quantize.scheme(spec.quantize, quantize.SLOTS_BY_LAYER["linear"], "")
+        for node in want_gm.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default):
+            weight = node.args[1]
+            owner, name = want_gm.get_submodule(".".join(str(weight.target).split(".")[:-1])), str(weight.target).split(".")[-1]
+            setattr(owner, name, torch.nn.Parameter(quantize.simulated(getattr(owner, name).data, scheme), requires_grad=False))
+    state = written_buffers(gm)
+    assert take_products(gm, spec, state, "decode") == 7 * SIZE["num_hidden_layers"] + 1
+    calls = [n for n in gm.graph.nodes if is_decode_product(n)]
+    assert len(calls) == 4 * SIZE["num_hidden_layers"] + 1  # qkv, o, gate-up, down a layer; the head
+    assert not gm.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default)
+    with torch.no_grad():
+        got = gm(*[t.clone() for t in inputs])
+        want = want_gm(*[t.clone() for t in inputs])
+    got, want = (torch.utils._pytree.tree_leaves(v)[0].float() for v in (got, want))
+    assert want.abs().max() > 1e-2
+    tolerance = 2e-3 if mode != "fp8" else 2e-2  # the kernels' x is fp16 either way; fp8 scales here are float32
+    assert (got - want).abs().max() <= tolerance * want.abs().max(), (got - want).abs().max()
+
+
+def test_products_the_kernels_cannot_take_stay_in_tensorrt() -> None:
+    """A prompt of 9 tokens is more than the kernels take; int8 weights are no format of theirs."""
+    gm, _ = _decode_graph("none", tokens=9)
+    spec = TensorRTCompileSpec(precision="fp16", decode_kernels=True)
+    assert take_products(gm, spec, written_buffers(gm), "prefill") == 0
+    gm, _ = _decode_graph("none")
+    int8 = TensorRTCompileSpec(precision="fp16", decode_kernels=True, quantize={"mode": "int8_weight_only"})
+    assert take_products(gm, int8, written_buffers(gm), "decode") == 0
+    assert take_products(gm, TensorRTCompileSpec(precision="fp16"), written_buffers(gm), "decode") == 0
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("decode_kernels")
+    run_all(typed(compose(BUILD)), out)  # type: ignore[arg-type]
+    return out
+
+
+def test_the_decode_method_runs_its_products_in_our_kernels(built: Path) -> None:
+    """Decode: engines between the kernels' calls, each engine checked by the reference executor when
+    built; prefill: one engine, nothing outside. The report names each call and why it is ours."""
+    report = json.loads((built / "report.json").read_text())
+    assert (report["prefill"]["num_engines"], report["prefill"]["left_over"]) == (1, [])
+    ours = report["decode"]["left_over"]
+    assert len(ours) == 4 * SIZE["num_hidden_layers"] + 1 and report["decode"]["num_engines"] == len(ours)
+    assert {o["reason"] for o in ours} == {"runs in the project's decode-product kernel (compile.decode_kernels)"}
+    assert_engines_checked(torch.export.load(built / "compiled" / "decode.pt2"), "fp16")
+
+
+def test_the_program_carries_the_ptx_and_the_packed_weights(built: Path) -> None:
+    (program,) = (built / "program").glob("*.pte")
+    data = program.read_bytes()
+    kernels = ptx.kernels_ptx()
+    assert data.count(kernels[:4096]) == 1  # stored once, every call reads it
+    assert b".target sm_80" in kernels and f".entry {formats.kernel_name('fp16', 1)}(".encode() in kernels
+
+
+@gpu
+def test_the_tensorrt_program_decodes_as_the_model_does(built: Path) -> None:
+    """On the GPU: prefill, then decode steps through engines and our kernels, teacher-forced against the
+    model eager on the GPU (fp16), and greedy tokens equal to the program without our kernels'."""
+    from pipeline.runtime import load
+
+    (path,) = (built / "program").glob("*.pte")
+    program = load(path)
+    model = decoder(architecture="llama", max_cache_len=64, dtype="float16", **SIZE).cuda()  # type: ignore[arg-type]
+    tokens = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model.step(tokens[:, :16].cuda(), torch.tensor([0]).cuda())
+        got = program.method("prefill").execute([tokens[:, :16], torch.tensor([0])])[0]
+        assert (got.float().cpu() - want.float().cpu()).abs().max() <= 2e-2 * want.abs().max().item()
+        for i in range(16, 24):
+            want = model.step(tokens[:, i:i + 1].cuda(), torch.tensor([i]).cuda())
+            got = program.method("decode").execute([tokens[:, i:i + 1], torch.tensor([i])])[0]
+            error = (got.float().cpu() - want.float().cpu()).abs().max() / want.abs().max()
+            assert error <= 2e-2, (i, error)
