@@ -38,7 +38,9 @@
 
 #include "blob.h"
 #include "cuda_driver.h"
+#include "delegate.h"
 #include "engine.h"
+#include "plan_delegate.h"
 #include "sha256.h"
 
 namespace et = ::executorch::runtime;
@@ -52,295 +54,10 @@ using et::EValue;
 using et::FreeableBuffer;
 using et::Result;
 using et::Span;
-using Tensor = ::executorch::aten::Tensor;
 
 namespace pipeline_trt {
 namespace {
 
-// ---- options, counters and the last refusal ------------------------------------------------------
-struct Settings {
-  std::mutex mutex;
-  ContextOptions context;      // for delegates initialized from now on
-  cuda::Stream stream = nullptr;  // the one stream every delegate runs on (nullptr: made when first needed)
-  std::string last_error;
-};
-Settings& settings() {
-  static Settings* s = new Settings;
-  return *s;
-}
-std::atomic<uint64_t> g_to_device{0}, g_to_host{0};
-
-Error refuse(Error code, const std::string& message) {
-  {
-    std::lock_guard<std::mutex> lock(settings().mutex);
-    settings().last_error = message;
-  }
-  ET_LOG(Error, "%s", message.c_str());
-  return code;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? "," : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
-// ---- device memory -------------------------------------------------------------------------------
-struct DeviceBuffer {
-  cuda::DevicePtr ptr = 0;
-  size_t capacity = 0;
-  ~DeviceBuffer() {
-    std::string ignored;
-    if (ptr != 0)
-      if (const cuda::Driver* d = cuda::driver(ignored)) d->mem_free(ptr);
-  }
-  bool reserve(const cuda::Driver* d, size_t bytes, std::string& error) {
-    bytes = bytes == 0 ? 256 : bytes;
-    if (bytes <= capacity) return true;
-    if (ptr != 0) d->mem_free(ptr);
-    ptr = 0;
-    capacity = 0;
-    cuda::Status s = d->mem_alloc(&ptr, bytes);
-    if (s != 0) {
-      error = cuda::describe("cuMemAlloc", s) + " for " + std::to_string(bytes) + " bytes";
-      return false;
-    }
-    capacity = bytes;
-    return true;
-  }
-};
-
-// A state buffer's device copy, shared by every delegate handed the same host memory.
-struct State {
-  DeviceBuffer device;
-  const void* host = nullptr;  // the planned memory it stands for
-  size_t bytes = 0;
-};
-struct StateRegistry {
-  std::mutex mutex;
-  std::map<const void*, std::weak_ptr<State>> by_host;
-};
-StateRegistry& states() {
-  static StateRegistry* r = new StateRegistry;
-  return *r;
-}
-
-// ---- one engine call as a CUDA graph (Graphs::kCall) -----------------------------------------------
-// What a captured call depends on: the profile, the input shapes and every binding's address.
-struct CallKey {
-  int profile = -1;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<void*> bound;
-  bool operator==(const CallKey& o) const { return profile == o.profile && shapes == o.shapes && bound == o.bound; }
-};
-struct CallGraph {
-  cuda::GraphExec exec = nullptr;
-  CallKey captured;   // what `exec` was captured for
-  CallKey last;       // the last call's (a call repeating it is captured: the first ran uncaptured, warm)
-  bool refused = false;  // TensorRT's call could not be captured: always run it directly
-
-  void drop() {
-    std::string error;
-    const cuda::Driver* drv = exec != nullptr ? cuda::driver(error) : nullptr;
-    if (drv != nullptr) drv->graph_exec_destroy(exec);
-    exec = nullptr;
-  }
-};
-
-// ---- one delegate --------------------------------------------------------------------------------
-struct Delegate {
-  BlobInfo info;
-  std::string where;  // "method 'decode', TensorRT engine 1a2b3c4d5e6f"
-  std::vector<const Binding*> inputs, outputs;
-  std::vector<int> alias_of;  // per output: the input position it updates in place, or -1
-  std::vector<bool> written;  // per input: an output updates it in place
-  std::vector<std::string> input_names;
-  std::shared_ptr<Engine> engine;
-  ContextOptions options;  // the settings when the delegate was initialized
-  void* context = nullptr;
-  void* config = nullptr;  // the runtime config the context was made from (it keeps using it)
-  int profile = -1;
-  std::vector<std::vector<int64_t>> shapes;  // per input: the shape TensorRT last got
-  std::vector<std::vector<int64_t>> out_shapes;  // per output: its shape for those (empty: not asked yet)
-  std::vector<DeviceBuffer> in_buffers, out_buffers;
-  std::vector<std::shared_ptr<State>> state;  // per input: its device copy while it is state
-  std::vector<void*> bound;                   // per binding (inputs, then outputs): the address last set
-  CallGraph graph;                            // Graphs::kCall: the engine call as a CUDA graph
-
-  ~Delegate() {
-    graph.drop();
-    destroy_object(context);
-    destroy_object(config);
-  }
-};
-
-bool scalar_type_is(const Tensor& t, const Binding& b) {
-  return static_cast<int>(t.scalar_type()) == dtype_scalar_type(b.dtype);
-}
-
-// The input check: dtype, rank, and each dim equal to a static one or within the built range.
-Error check_input(const Delegate& d, size_t k, const EValue* arg) {
-  const Binding& b = *d.inputs[k];
-  if (!arg->isTensor())
-    return refuse(Error::InvalidArgument, d.where + ": input '" + b.name + "' is not a tensor; pass a " + b.dtype +
-                                              " tensor of shape " + shape_text(b.shape));
-  const Tensor& t = arg->toTensor();
-  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-  bool ok = scalar_type_is(t, b) && shape.size() == b.shape.size();
-  for (size_t i = 0; ok && i < shape.size(); ++i) {
-    if (b.shape[i] >= 0) ok = shape[i] == b.shape[i];
-    else if (!b.min_shape.empty()) ok = shape[i] >= b.min_shape[i] && shape[i] <= b.max_shape[i];
-  }
-  if (ok) return Error::Ok;
-  std::string range = b.min_shape.empty() ? "" : " (from " + shape_text(b.min_shape) + " to " + shape_text(b.max_shape) + ")";
-  return refuse(Error::InvalidArgument,
-                d.where + ": input '" + b.name + "' is " + dtype_of_scalar_type(static_cast<int>(t.scalar_type())) +
-                    " of shape " + shape_text(shape) + "; the engine was built for " + b.dtype + " " +
-                    shape_text(b.shape) + range + ": pass that, or rebuild the program for this input");
-}
-
-// The context, made when first run (a context takes an optimization profile, which another
-// context may hold: made late, contexts leave profiles free until they run).
-Error ensure_context(Delegate& d) {
-  if (d.context != nullptr) return Error::Ok;
-  std::string error;
-  d.context = d.engine->make_context(d.options, d.config, error);
-  if (d.context == nullptr) {
-    const char* tf32 = std::getenv("NVIDIA_TF32_OVERRIDE");
-    return refuse(Error::DelegateInvalidCompatibility,
-                  d.where + ": " + error + "; NVIDIA_TF32_OVERRIDE is " + (tf32 ? tf32 : "unset") + " here");
-  }
-  return Error::Ok;
-}
-
-// Select the narrowest profile that takes these shapes (decode's one token, a prompt's range).
-Error select_profile(Delegate& d, const std::vector<std::vector<int64_t>>& shapes, cuda::Stream stream) {
-  const auto& profiles = d.engine->profiles();
-  if (profiles.size() <= 1) return Error::Ok;
-  std::vector<const Profile*> fits;
-  for (const auto& p : profiles)
-    if (p.fits(shapes)) fits.push_back(&p);
-  std::sort(fits.begin(), fits.end(), [](const Profile* a, const Profile* b) { return a->width < b->width; });
-  for (const Profile* p : fits) {
-    if (p->index == d.profile) return Error::Ok;
-    if (set_profile(d.context, p->index, stream)) {
-      d.profile = p->index;
-      for (auto& s : d.shapes) s.clear();  // a new profile forgets shapes and addresses
-      d.out_shapes.clear();
-      for (auto& a : d.bound) a = nullptr;
-      return Error::Ok;
-    }
-  }
-  return refuse(Error::InvalidArgument, d.where + ": no optimization profile of the engine takes input shapes " +
-                                            [&] {
-                                              std::string s;
-                                              for (const auto& x : shapes) s += shape_text(x);
-                                              return s;
-                                            }() +
-                                            " (another context may hold the one that does); pass shapes in the "
-                                            "built range");
-}
-
-Error bind(Delegate& d, size_t slot, const std::string& name, void* address) {
-  if (d.bound[slot] == address) return Error::Ok;
-  if (!set_address(d.context, name, address))
-    return refuse(Error::Internal, d.where + ": TensorRT refused the address of '" + name + "' (" +
-                                       last_tensorrt_error() + ")");
-  d.bound[slot] = address;
-  return Error::Ok;
-}
-
-cuda::Stream the_stream(const cuda::Driver* drv, std::string& error) {
-  std::lock_guard<std::mutex> lock(settings().mutex);
-  if (settings().stream == nullptr) {
-    cuda::Status s = drv->stream_create(&settings().stream, cuda::kStreamNonBlocking);
-    if (s != 0) error = cuda::describe("cuStreamCreate", s);
-  }
-  return settings().stream;
-}
-
-// The device copy of the state in `t`'s host memory, where a delegate that updates it in place
-// keeps one (then the host memory is stale: only TensorRT delegates touch such state, write_back.py).
-std::shared_ptr<State> shared_state(const Tensor& t) {
-  std::lock_guard<std::mutex> lock(states().mutex);
-  auto found = states().by_host.find(t.const_data_ptr());
-  std::shared_ptr<State> state = found == states().by_host.end() ? nullptr : found->second.lock();
-  return state && state->bytes == t.nbytes() ? state : nullptr;
-}
-
-// The device memory of state input k: the copy every delegate handed this host memory shares,
-// made from the host's contents the first time.
-Error state_for(Delegate& d, size_t k, const Tensor& t, const cuda::Driver* drv, cuda::Stream stream, void** out) {
-  const void* host = t.const_data_ptr();
-  const size_t bytes = t.nbytes();
-  std::shared_ptr<State>& mine = d.state[k];
-  if (!mine || mine->host != host || mine->bytes != bytes) {
-    std::lock_guard<std::mutex> lock(states().mutex);
-    auto& by_host = states().by_host;
-    for (auto it = by_host.begin(); it != by_host.end();)  // memory no delegate holds any more
-      it = it->second.expired() ? by_host.erase(it) : std::next(it);
-    std::weak_ptr<State>& entry = by_host[host];
-    std::shared_ptr<State> found = entry.lock();
-    if (!found || found->bytes != bytes) {
-      found = std::make_shared<State>();
-      found->host = host;
-      std::string error;
-      if (!found->device.reserve(drv, bytes, error)) return refuse(Error::MemoryAllocationFailed, d.where + ": " + error);
-      found->bytes = bytes;
-      cuda::Status s = drv->copy_to_device(found->device.ptr, host, bytes, stream);
-      if (s != 0) return refuse(Error::Internal, d.where + ": " + cuda::describe("cuMemcpyHtoDAsync", s));
-      g_to_device += bytes;
-      entry = found;
-    }
-    mine = found;
-  }
-  *out = reinterpret_cast<void*>(mine->device.ptr);
-  return Error::Ok;
-}
-
-// Capture TensorRT's call on `stream` as a graph; false (nothing captured, nothing run) when it
-// cannot be: TensorRT then runs the call directly from now on.
-bool capture(Delegate& d, const cuda::Driver* drv, cuda::Stream stream) {
-  if (drv->begin_capture(stream, cuda::kCaptureThreadLocal) != 0) return false;
-  bool ran = enqueue(d.context, stream);
-  cuda::Graph graph = nullptr;
-  bool ok = drv->end_capture(stream, &graph) == 0 && ran && graph != nullptr;
-  cuda::GraphExec exec = nullptr;
-  ok = ok && drv->graph_instantiate(&exec, graph, 0) == 0;
-  if (graph != nullptr) drv->graph_destroy(graph);
-  if (!ok) return false;
-  d.graph.drop();
-  d.graph.exec = exec;
-  return true;
-}
-
-// Run the engine on the bound addresses: its call's graph while the shapes and addresses it was
-// captured for hold; else TensorRT's call, captured when it repeats the last call's.
-Error launch(Delegate& d, const cuda::Driver* drv, cuda::Stream stream) {
-  if (d.options.graphs == Graphs::kCall && !d.graph.refused) {
-    CallKey now{d.profile, d.shapes, d.bound};
-    bool replay = d.graph.exec != nullptr && d.graph.captured == now;
-    if (!replay && d.graph.last == now) {
-      replay = capture(d, drv, stream);
-      d.graph.refused = !replay;
-      if (!replay) ET_LOG(Info, "%s: its TensorRT call cannot be captured as a CUDA graph; it runs uncaptured", d.where.c_str());
-      if (replay) d.graph.captured = now;
-    }
-    if (replay) {
-      cuda::Status s = drv->graph_launch(d.graph.exec, stream);
-      if (s != 0) return refuse(Error::Internal, d.where + ": " + cuda::describe("cuGraphLaunch", s));
-      d.graph.last = std::move(now);
-      return Error::Ok;
-    }
-    if (!enqueue(d.context, stream))
-      return refuse(Error::Internal, d.where + ": TensorRT failed to run the engine (" + last_tensorrt_error() + ")");
-    d.graph.last = std::move(now);  // a call that ran: the next one repeating it is captured
-    return Error::Ok;
-  }
-  if (!enqueue(d.context, stream))
-    return refuse(Error::Internal, d.where + ": TensorRT failed to run the engine (" + last_tensorrt_error() + ")");
-  return Error::Ok;
-}
 
 Error run(Delegate& d, Span<EValue*> args) {
   const size_t n_in = d.inputs.size(), n_out = d.outputs.size();
@@ -498,74 +215,82 @@ Result<const void*> engine_data(BackendInitContext& context, Delegate& d, std::o
   return held->data();
 }
 
+}  // namespace
+
+// One engine's delegate made ready from its decoded blob (`d.info`, `d.where` set): the
+// NVIDIA_TF32_OVERRIDE it needs, its bindings, its engine fetched, checked and deserialized. An
+// inline engine points into the blob, which the caller frees after this.
+Error init_engine(BackendInitContext& context, Delegate& d) {
+  if (d.info.has_tf32_override) {
+    const char* here = std::getenv("NVIDIA_TF32_OVERRIDE");
+    std::string now = here ? here : "";
+    if (now != d.info.tf32_override) {
+      auto said = [](const std::string& v) { return v.empty() ? std::string("NVIDIA_TF32_OVERRIDE unset") : "NVIDIA_TF32_OVERRIDE=" + v; };
+      return refuse(Error::DelegateInvalidCompatibility,
+                    d.where + " was built with " + said(d.info.tf32_override) + " and this process has " +
+                        said(now) + "; TensorRT-RTX runs an engine only under the NVIDIA_TF32_OVERRIDE it was "
+                        "built with: set it so here, or rebuild the program");
+    }
+  }
+  for (const auto& b : d.info.bindings) (b.is_input ? d.inputs : d.outputs).push_back(&b);
+  for (const Binding* b : d.inputs) d.input_names.push_back(b->name);
+  for (const Binding* b : d.outputs) {
+    int k = -1;
+    for (size_t i = 0; i < d.inputs.size(); ++i)
+      if (!b->aliases.empty() && d.inputs[i]->name == b->aliases) k = static_cast<int>(i);
+    d.alias_of.push_back(k);
+  }
+  d.written.assign(d.inputs.size(), false);
+  for (int k : d.alias_of)
+    if (k >= 0) d.written[k] = true;
+  std::optional<FreeableBuffer> held;
+  Result<const void*> data = engine_data(context, d, held);
+  if (!data.ok()) return data.error();
+  std::string error;
+  if (cuda::driver(error) == nullptr) return refuse(Error::NotSupported, d.where + ": " + error);
+  d.engine = load_engine(d.info.engine_sha256, data.get(), d.info.engine_size, d.input_names, error);
+  held.reset();
+  d.info.inline_engine = nullptr;
+  if (!d.engine) return refuse(Error::DelegateInvalidCompatibility, d.where + ": " + error);
+  if (!check_io(*d.engine, d.info.bindings, error))
+    return refuse(Error::InvalidProgram, d.where + ": " + error + "; rebuild the program");
+  {
+    std::lock_guard<std::mutex> lock(settings().mutex);
+    d.options = settings().context;
+  }
+  d.shapes.resize(d.inputs.size());
+  d.in_buffers.resize(d.inputs.size());
+  d.out_buffers.resize(d.outputs.size());
+  d.state.resize(d.inputs.size());
+  d.bound.assign(d.inputs.size() + d.outputs.size(), nullptr);
+  return Error::Ok;
+}
+
+namespace {
+
 class TensorRTBackend final : public et::BackendInterface {
  public:
   bool is_available() const override { return true; }
 
   Result<DelegateHandle*> init(BackendInitContext& context, FreeableBuffer* processed,
                                ArrayRef<CompileSpec>) const override {
-    auto d = std::make_unique<Delegate>();
     const char* method = context.get_method_name();
+    const auto* bytes = static_cast<const uint8_t*>(processed->data());
+    if (is_plan_blob(bytes, processed->size())) {
+      Result<Handle*> plan = init_plan(context, bytes, processed->size(), method ? method : "?");
+      processed->Free();
+      if (!plan.ok()) return plan.error();
+      return reinterpret_cast<DelegateHandle*>(plan.get());
+    }
+    auto d = std::make_unique<Delegate>();
     std::string error;
-    bool ok = decode_blob(static_cast<const uint8_t*>(processed->data()), processed->size(), d->info, error);
+    bool ok = decode_blob(bytes, processed->size(), d->info, error);
     d->where = std::string("method '") + (method ? method : "?") + "', TensorRT engine " +
                (ok ? d->info.engine_sha256.substr(0, 12) : std::string("?"));
-    if (!ok) {
-      processed->Free();
-      return refuse(Error::InvalidProgram, d->where + ": " + error + "; rebuild the program");
-    }
-    if (d->info.has_tf32_override) {
-      const char* here = std::getenv("NVIDIA_TF32_OVERRIDE");
-      std::string now = here ? here : "";
-      if (now != d->info.tf32_override) {
-        processed->Free();
-        auto said = [](const std::string& v) { return v.empty() ? std::string("NVIDIA_TF32_OVERRIDE unset") : "NVIDIA_TF32_OVERRIDE=" + v; };
-        return refuse(Error::DelegateInvalidCompatibility,
-                      d->where + " was built with " + said(d->info.tf32_override) + " and this process has " +
-                          said(now) + "; TensorRT-RTX runs an engine only under the NVIDIA_TF32_OVERRIDE it was "
-                          "built with: set it so here, or rebuild the program");
-      }
-    }
-    for (const auto& b : d->info.bindings) (b.is_input ? d->inputs : d->outputs).push_back(&b);
-    for (const Binding* b : d->inputs) d->input_names.push_back(b->name);
-    for (const Binding* b : d->outputs) {
-      int k = -1;
-      for (size_t i = 0; i < d->inputs.size(); ++i)
-        if (!b->aliases.empty() && d->inputs[i]->name == b->aliases) k = static_cast<int>(i);
-      d->alias_of.push_back(k);
-    }
-    d->written.assign(d->inputs.size(), false);
-    for (int k : d->alias_of)
-      if (k >= 0) d->written[k] = true;
-    // The inline engine lives in `processed`: keep it until the engine is deserialized.
-    std::optional<FreeableBuffer> held;
-    Result<const void*> data = engine_data(context, *d, held);
-    if (!data.ok()) {
-      processed->Free();
-      return data.error();
-    }
-    std::string drv_error;
-    if (cuda::driver(drv_error) == nullptr) {
-      processed->Free();
-      return refuse(Error::NotSupported, d->where + ": " + drv_error);
-    }
-    d->engine = load_engine(d->info.engine_sha256, data.get(), d->info.engine_size, d->input_names, error);
-    held.reset();
-    processed->Free();
-    d->info.inline_engine = nullptr;
-    if (!d->engine) return refuse(Error::DelegateInvalidCompatibility, d->where + ": " + error);
-    if (!check_io(*d->engine, d->info.bindings, error))
-      return refuse(Error::InvalidProgram, d->where + ": " + error + "; rebuild the program");
-    {
-      std::lock_guard<std::mutex> lock(settings().mutex);
-      d->options = settings().context;
-    }
-    d->shapes.resize(d->inputs.size());
-    d->in_buffers.resize(d->inputs.size());
-    d->out_buffers.resize(d->outputs.size());
-    d->state.resize(d->inputs.size());
-    d->bound.assign(d->inputs.size() + d->outputs.size(), nullptr);
-    return reinterpret_cast<DelegateHandle*>(d.release());
+    Error e = ok ? init_engine(context, *d) : refuse(Error::InvalidProgram, d->where + ": " + error + "; rebuild the program");
+    processed->Free();  // an inline engine lived in it: kept until the engine was deserialized
+    if (e != Error::Ok) return e;
+    return reinterpret_cast<DelegateHandle*>(static_cast<Handle*>(d.release()));
   }
 
   // Calls run one at a time in a process: every delegate shares one CUDA stream, and a call being
@@ -573,10 +298,11 @@ class TensorRTBackend final : public et::BackendInterface {
   Error execute(BackendExecutionContext&, DelegateHandle* handle, Span<EValue*> args) const override {
     static std::mutex* calls = new std::mutex;
     std::lock_guard<std::mutex> lock(*calls);
-    return run(*reinterpret_cast<Delegate*>(handle), args);
+    Handle* h = reinterpret_cast<Handle*>(handle);
+    return h->is_plan ? run_plan(*h, args) : run(*static_cast<Delegate*>(h), args);
   }
 
-  void destroy(DelegateHandle* handle) const override { delete reinterpret_cast<Delegate*>(handle); }
+  void destroy(DelegateHandle* handle) const override { delete reinterpret_cast<Handle*>(handle); }
 };
 
 TensorRTBackend g_backend;

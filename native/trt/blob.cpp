@@ -166,6 +166,8 @@ std::string dtype_names() {
   return out;
 }
 
+bool read_engine_doc(const Json& doc, uint64_t eng_size, bool named, BlobInfo& out, std::string& error);
+
 bool decode_blob(const uint8_t* data, size_t size, BlobInfo& out, std::string& error) {
   if (data == nullptr || size < kHeader) return fail(error, "is shorter than its 32-byte header");
   bool named = std::memcmp(data, "TR03", 4) == 0;
@@ -186,6 +188,17 @@ bool decode_blob(const uint8_t* data, size_t size, BlobInfo& out, std::string& e
   Json doc;
   if (!utf8(data + meta_offset, meta_size) || !JsonParser(text, text + meta_size).document(doc) || doc.kind != Json::kObject)
     return fail(error, "metadata is not the expected JSON");
+  if (!read_engine_doc(doc, eng_size, named, out, error)) return false;
+  if (named) return true;
+  out.inline_engine = data + eng_offset;
+  if (sha256_hex(out.inline_engine, eng_size) != out.engine_sha256)
+    return fail(error, "engine does not match its checksum (corrupt or altered); rebuild the program");
+  return true;
+}
+
+// A TR03 blob's metadata (or a TR01/TR02's, `named` false) for an engine of `eng_size` bytes.
+bool read_engine_doc(const Json& doc, uint64_t eng_size, bool named, BlobInfo& out, std::string& error) {
+  if (doc.kind != Json::kObject) return fail(error, "metadata is not the expected JSON");
   const Json* bindings = doc.get("io_bindings");
   const Json* digest = doc.get("engine_sha256");
   if (!bindings || bindings->kind != Json::kArray || !digest || digest->kind != Json::kString)
@@ -208,12 +221,180 @@ bool decode_blob(const uint8_t* data, size_t size, BlobInfo& out, std::string& e
     if (!key || key->kind != Json::kString || key->text != kKeyPrefix + out.engine_sha256)
       return fail(error, "names an engine key that is not the key of its digest");
     out.engine_key = key->text;
+  }
+  return true;
+}
+
+
+// ---- the plan blob ------------------------------------------------------------------------------
+namespace {
+
+bool plan_fail(std::string& error, const std::string& why) {
+  error = "TensorRT plan " + why;
+  return false;
+}
+
+bool names(const Json* j, std::vector<std::string>& out) {
+  if (j == nullptr || j->kind != Json::kArray) return false;
+  for (const auto& item : j->items) {
+    if (item.kind != Json::kString) return false;
+    out.push_back(item.text);
+  }
+  return true;
+}
+
+bool integer(const Json& doc, const char* key, int64_t& out) {
+  const Json* j = doc.get(key);
+  if (j == nullptr || j->kind != Json::kInt) return false;
+  out = j->integer;
+  return true;
+}
+
+// A named-data entry {"key", "sha256", "size"} (null where `optional`): the key must be its digest's.
+bool data_entry(const Json* j, bool optional, DataEntry& out) {
+  if (j != nullptr && j->kind == Json::kNull && optional) return true;
+  if (j == nullptr || j->kind != Json::kObject) return false;
+  const Json *key = j->get("key"), *digest = j->get("sha256"), *size = j->get("size");
+  if (!key || key->kind != Json::kString || !digest || digest->kind != Json::kString || !size || size->kind != Json::kInt ||
+      size->integer <= 0)
+    return false;
+  bool prefixed = key->text.rfind("pipeline.kernels.", 0) == 0 || key->text.rfind("pipeline.weight.", 0) == 0;
+  if (!prefixed || key->text.size() < digest->text.size() ||
+      key->text.compare(key->text.size() - digest->text.size(), std::string::npos, digest->text) != 0)
+    return false;
+  out = DataEntry{key->text, digest->text, static_cast<uint64_t>(size->integer)};
+  return true;
+}
+
+bool kernel_name(const std::string& name) {
+  for (const char* format : {"fp16", "int4", "fp8"})
+    for (char t = '1'; t <= '8'; ++t)
+      if (name == std::string("dp_") + format + "_t" + t) return true;
+  return false;
+}
+
+bool read_step(const Json& j, PlanStep& step, std::string& error) {
+  if (j.kind != Json::kObject || !names(j.get("inputs"), step.inputs) || !names(j.get("outputs"), step.outputs))
+    return plan_fail(error, "has a step that is not the expected JSON");
+  if (const Json* engine = j.get("engine")) {
+    int64_t size = 0;
+    step.is_engine = true;
+    if (!integer(j, "engine_size", size) || size <= 0) return plan_fail(error, "has an engine step without its size");
+    if (!read_engine_doc(*engine, static_cast<uint64_t>(size), true, step.engine, error)) return false;
+    size_t n_in = 0;
+    for (const auto& b : step.engine.bindings) n_in += b.is_input ? 1 : 0;
+    if (step.inputs.size() != n_in || step.outputs.size() != step.engine.bindings.size() - n_in)
+      return plan_fail(error, "binds an engine step's names to another count of bindings");
     return true;
   }
-  out.inline_engine = data + eng_offset;
-  if (sha256_hex(out.inline_engine, eng_size) != out.engine_sha256)
-    return fail(error, "engine does not match its checksum (corrupt or altered); rebuild the program");
+  const Json* kernel = j.get("kernel");
+  if (!kernel || kernel->kind != Json::kString || !kernel_name(kernel->text) || step.inputs.size() != 1 ||
+      step.outputs.size() != 1)
+    return plan_fail(error, "has a kernel step that is none of the project's kernels (one x, one y)");
+  step.kernel = kernel->text;
+  if (!data_entry(j.get("module"), false, step.module) || !data_entry(j.get("weight"), false, step.weight) ||
+      !data_entry(j.get("scales"), true, step.scales) || !data_entry(j.get("bias"), true, step.bias))
+    return plan_fail(error, "has a kernel step whose named data is not the expected JSON");
+  if (!integer(j, "n", step.n) || !integer(j, "k", step.k) || !integer(j, "group", step.group) ||
+      !integer(j, "grid", step.grid) || !integer(j, "block", step.block) || step.n <= 0 || step.k <= 0 ||
+      step.group < 0 || step.grid <= 0 || step.block <= 0 || step.block > 1024 || step.n > kDimMax || step.k > kDimMax ||
+      step.grid > kDimMax)
+    return plan_fail(error, "has a kernel step with sizes out of range");
   return true;
+}
+
+size_t elements(const Binding* b) {
+  size_t n = 1;
+  for (int64_t d : b->shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// The rules plan.py's `check` states: names known before they are read, every output written, static
+// shapes; and a kernel's x and y of its sizes (what it reads and writes is sized from them).
+bool plan_coherent(const PlanInfo& plan, std::string& error) {
+  BlobInfo io;
+  io.bindings = plan.bindings;
+  if (!coherent(io, error)) return false;
+  std::map<std::string, const Binding*> declared;
+  for (const auto* list : {&plan.bindings, &plan.values})
+    for (const auto& b : *list) {
+      if (!declared.emplace(b.name, &b).second) return plan_fail(error, "names a value twice");
+      for (int64_t d : b.shape)
+        if (d < 0) return plan_fail(error, "has a value of a dynamic shape; a plan's values are static");
+      if (dtype_size(b.dtype) == 0) return plan_fail(error, "has a value of an unknown dtype");
+    }
+  std::set<std::string> known;
+  for (const auto& b : plan.bindings)
+    if (b.is_input) known.insert(b.name);
+  for (const auto& step : plan.steps) {
+    for (const auto& name : step.inputs)
+      if (!known.count(name)) return plan_fail(error, "reads '" + shown(name) + "', which no input or earlier step gives");
+    for (const auto& name : step.outputs)
+      if (!declared.count(name)) return plan_fail(error, "writes '" + shown(name) + "', which it does not declare");
+    if (step.is_engine) {
+      size_t k = 0, o = 0;
+      for (const auto& b : step.engine.bindings) {
+        const std::string& name = b.is_input ? step.inputs[k++] : step.outputs[o++];
+        const Binding* value = declared[name];
+        if (value->dtype != b.dtype || value->shape.size() != b.shape.size())
+          return plan_fail(error, "binds '" + shown(name) + "' to an engine binding of another dtype or rank");
+        for (size_t i = 0; i < b.shape.size(); ++i)
+          if (b.shape[i] >= 0 ? b.shape[i] != value->shape[i] : (!b.min_shape.empty() && (value->shape[i] < b.min_shape[i] || value->shape[i] > b.max_shape[i])))
+            return plan_fail(error, "binds '" + shown(name) + "' to an engine binding of another shape");
+      }
+    } else {
+      const Binding *x = declared[step.inputs[0]], *y = declared[step.outputs[0]];
+      if (x->dtype != "float16" || y->dtype != "float16" || x->shape.empty() || y->shape.empty() ||
+          x->shape.back() != step.k || y->shape.back() != step.n || elements(x) / step.k != elements(y) / step.n ||
+          elements(x) / step.k < 1 || elements(x) / step.k > 8 || step.kernel.back() - '0' != int(elements(x) / step.k) ||
+          (uint64_t)step.grid * step.block < (uint64_t)step.n * 32)
+        return plan_fail(error, "runs kernel " + step.kernel + " on values that are not its [T, k] -> [T, n] in float16");
+    }
+    known.insert(step.outputs.begin(), step.outputs.end());
+  }
+  for (const auto& b : plan.bindings)
+    if (!b.is_input && b.aliases.empty() && !known.count(b.name))
+      return plan_fail(error, "never writes its output '" + shown(b.name) + "'");
+  return true;
+}
+
+}  // namespace
+
+bool is_plan_blob(const uint8_t* data, size_t size) { return data != nullptr && size >= 4 && std::memcmp(data, "TP01", 4) == 0; }
+
+bool decode_plan(const uint8_t* data, size_t size, PlanInfo& out, std::string& error) {
+  if (!is_plan_blob(data, size) || size < kHeader) return plan_fail(error, "blob is not layout TP01");
+  uint64_t meta_offset = u32(data + 4), meta_size = u32(data + 8), eng_offset = u32(data + 12), eng_size = u64(data + 16);
+  if (meta_offset != kHeader || meta_offset + meta_size != size || eng_offset != 0 || eng_size != 0)
+    return plan_fail(error, "blob header does not frame its metadata");
+  const char* text = reinterpret_cast<const char*>(data + meta_offset);
+  Json doc;
+  if (!utf8(data + meta_offset, meta_size) || !JsonParser(text, text + meta_size).document(doc) || doc.kind != Json::kObject)
+    return plan_fail(error, "metadata is not the expected JSON");
+  const Json *bindings = doc.get("io_bindings"), *values = doc.get("values"), *steps = doc.get("steps");
+  if (!bindings || bindings->kind != Json::kArray || !values || values->kind != Json::kArray || !steps ||
+      steps->kind != Json::kArray)
+    return plan_fail(error, "metadata lacks io_bindings, values or steps");
+  out = PlanInfo();
+  for (const auto& j : bindings->items) {
+    out.bindings.emplace_back();
+    if (!read_binding(j, out.bindings.back())) return plan_fail(error, "has a binding that is not the expected JSON");
+  }
+  for (const auto& j : values->items) {
+    Binding b;
+    const Json *name = j.get("name"), *dtype = j.get("dtype");
+    if (j.kind != Json::kObject || !name || name->kind != Json::kString || !dtype || dtype->kind != Json::kString ||
+        !int_list(j.get("shape"), b.shape))
+      return plan_fail(error, "has a value that is not the expected JSON");
+    b.name = name->text;
+    b.dtype = dtype->text;
+    out.values.push_back(std::move(b));
+  }
+  for (const auto& j : steps->items) {
+    out.steps.emplace_back();
+    if (!read_step(j, out.steps.back(), error)) return false;
+  }
+  return plan_coherent(out, error);
 }
 
 }  // namespace pipeline_trt

@@ -34,6 +34,30 @@ struct BlobInfo {
 // checked against its digest here; a named one when it is fetched.
 bool decode_blob(const uint8_t* data, size_t size, BlobInfo& out, std::string& error);
 
+// ---- the plan blob (pipeline/delegate/plan.py: engines and the project's kernels in turn) --------
+struct DataEntry {
+  std::string key, sha256;  // key empty: none (a kernel without scales or bias)
+  uint64_t size = 0;
+};
+struct PlanStep {
+  bool is_engine = false;
+  BlobInfo engine;                          // engine steps: the TR03 metadata of the engine
+  std::string kernel;                       // kernel steps: the PTX entry
+  DataEntry module, weight, scales, bias;   // kernel steps: named data
+  int64_t n = 0, k = 0, group = 0, grid = 0, block = 0;
+  std::vector<std::string> inputs, outputs;  // value names (engine: per binding, in its order)
+};
+struct PlanInfo {
+  std::vector<Binding> bindings;  // the delegate's inputs ("input_<i>"), then outputs ("output_<j>")
+  std::vector<Binding> values;    // the device buffers between steps
+  std::vector<PlanStep> steps;
+};
+
+// Whether the blob is a plan (magic "TP01").
+bool is_plan_blob(const uint8_t* data, size_t size);
+// Decode and check a plan blob as plan.py's `decode` does; false with `error` set.
+bool decode_plan(const uint8_t* data, size_t size, PlanInfo& out, std::string& error);
+
 // Untrusted text (a name from a blob or file) as one log line may show it: printable ASCII, others
 // as \xNN, 64 characters at most.
 std::string shown(const std::string& text);

@@ -38,7 +38,9 @@ bool load() {
         bind(lib, "cuStreamBeginCapture_v2", d.begin_capture) && bind(lib, "cuStreamEndCapture", d.end_capture) &&
         bind(lib, "cuGraphInstantiateWithFlags", d.graph_instantiate) && bind(lib, "cuGraphLaunch", d.graph_launch) &&
         bind(lib, "cuGraphDestroy", d.graph_destroy) && bind(lib, "cuGraphExecDestroy", d.graph_exec_destroy) &&
-        bind(lib, "cuMemHostRegister_v2", d.host_register) && bind(lib, "cuMemHostUnregister", d.host_unregister)))
+        bind(lib, "cuMemHostRegister_v2", d.host_register) && bind(lib, "cuMemHostUnregister", d.host_unregister) &&
+        bind(lib, "cuModuleLoadData", d.module_load) && bind(lib, "cuModuleUnload", d.module_unload) &&
+        bind(lib, "cuModuleGetFunction", d.module_function) && bind(lib, "cuLaunchKernel", d.launch_kernel)))
     return false;
   g_driver = d;
   Status s = d.init(0);

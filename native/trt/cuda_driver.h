@@ -17,6 +17,8 @@ using Stream = void*;               // CUstream (cudaStream_t is the same handle
 using Context = void*;              // CUcontext
 using Graph = void*;                // CUgraph
 using GraphExec = void*;            // CUgraphExec
+using Module = void*;               // CUmodule
+using Function = void*;             // CUfunction
 
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
@@ -46,6 +48,12 @@ struct Driver {
   Status (*graph_exec_destroy)(GraphExec exec) = nullptr;
   Status (*host_register)(void* ptr, size_t bytes, unsigned flags) = nullptr;
   Status (*host_unregister)(void* ptr) = nullptr;
+  Status (*module_load)(Module* module, const void* image) = nullptr;  // PTX, NUL-terminated: JIT-compiled here
+  Status (*module_unload)(Module module) = nullptr;
+  Status (*module_function)(Function* function, Module module, const char* name) = nullptr;
+  Status (*launch_kernel)(Function f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                          unsigned block_y, unsigned block_z, unsigned shared_bytes, Stream stream, void** params,
+                          void** extra) = nullptr;
 };
 
 // The driver, loaded and initialized once with device 0's primary context (the one the CUDA

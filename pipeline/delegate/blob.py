@@ -162,7 +162,13 @@ class EngineRef:
 # ---- the blob ---------------------------------------------------------------------------------
 def encode(engine: EngineRef, meta: BlobMetadata) -> bytes:
     """The delegate blob of an engine stored as named data under `engine.key` (layout TR03)."""
-    doc = {
+    js = json.dumps(engine_doc(engine, meta), separators=(",", ":")).encode()
+    return HEADER.pack(MAGIC, HEADER.size, len(js), 0, engine.size, _RESERVED) + js
+
+
+def engine_doc(engine: EngineRef, meta: BlobMetadata) -> dict[str, Any]:
+    """The JSON metadata of a TR03 blob (a plan's engine steps hold it too: `plan.py`)."""
+    return {
         "io_bindings": [b.to_json() for b in meta.io_bindings],
         "aliased_io": [dict(a) for a in meta.aliased_io],
         "hardware_compatible": meta.hardware_compatible,
@@ -173,8 +179,6 @@ def encode(engine: EngineRef, meta: BlobMetadata) -> bytes:
         "engine_sha256": engine.sha256,
         "engine_key": engine.key,
     }
-    js = json.dumps(doc, separators=(",", ":")).encode()
-    return HEADER.pack(MAGIC, HEADER.size, len(js), 0, engine.size, _RESERVED) + js
 
 
 def decode(blob: bytes | memoryview) -> tuple[BlobMetadata, EngineRef]:
@@ -188,6 +192,25 @@ def decode(blob: bytes | memoryview) -> tuple[BlobMetadata, EngineRef]:
     magic, meta_offset, meta_size, eng_offset, eng_size = read_header(blob)
     try:
         doc = json.loads(bytes(blob[meta_offset : meta_offset + meta_size]).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BlobFormatError(f"TensorRT blob metadata is not the expected JSON ({type(exc).__name__}: {exc})") from exc
+    if magic == MAGIC:
+        return engine_from_doc(doc, eng_size)
+    meta, ref = engine_from_doc({**doc, "engine_key": None}, eng_size)
+    engine = bytes(blob[eng_offset : eng_offset + eng_size])
+    ref = EngineRef(ref.sha256, eng_size, None, engine)
+    check_engine(ref, engine)
+    return meta, ref
+
+
+def engine_from_doc(doc: Any, size: int) -> tuple[BlobMetadata, EngineRef]:
+    """Inverse of `engine_doc` (an engine of `size` bytes; `engine_key` None: inline).
+
+    Raises:
+        BlobFormatError: a key missing or of the wrong type, metadata `check_coherent` refuses, or a key
+            that is not its digest's.
+    """
+    try:
         meta = BlobMetadata(
             io_bindings=tuple(IOBinding.from_json(b) for b in doc["io_bindings"]),
             aliased_io=tuple(doc.get("aliased_io", ())),
@@ -198,18 +221,13 @@ def decode(blob: bytes | memoryview) -> tuple[BlobMetadata, EngineRef]:
             tf32_override=read_tf32_override(doc),
         )
         digest = str(doc["engine_sha256"])
-        key = str(doc["engine_key"]) if magic == MAGIC else None
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        key = None if doc["engine_key"] is None else str(doc["engine_key"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BlobFormatError(f"TensorRT blob metadata is not the expected JSON ({type(exc).__name__}: {exc})") from exc
     check_coherent(meta)
-    if key is not None:
-        if key != KEY_PREFIX + digest:
-            raise BlobFormatError(f"TensorRT blob names engine {key!r}, which is not the key of its digest {digest}")
-        return meta, EngineRef(digest, eng_size, key)
-    engine = bytes(blob[eng_offset : eng_offset + eng_size])
-    ref = EngineRef(digest, eng_size, None, engine)
-    check_engine(ref, engine)
-    return meta, ref
+    if key is not None and key != KEY_PREFIX + digest:
+        raise BlobFormatError(f"TensorRT blob names engine {key!r}, which is not the key of its digest {digest}")
+    return meta, EngineRef(digest, size, key)
 
 
 _DIM_MAX = 2**31 - 1  # TensorRT dims are int32

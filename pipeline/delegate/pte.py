@@ -22,6 +22,7 @@ from typing import Any
 from pipeline import dtypes
 from pipeline import executorch_api as et
 from pipeline.delegate import blob, record
+from pipeline.delegate.plan import check_data, delegate_view
 from pipeline.delegate.record import Record
 from pipeline.errors import ArtifactError, BlobFormatError, PipelineError
 
@@ -295,9 +296,9 @@ def check_tensorrt_io(program: Any, where: str = "program", named: Mapping[str, 
         if call.backend != blob.BACKEND_ID:
             continue
         try:
-            meta, engine = blob.decode(call.payload)
-            if named is not None and engine.key is not None:
-                blob.engine_bytes(engine, named, checked=hashed)
+            meta, refs = delegate_view(call.payload)
+            if named is not None:
+                check_data([r for r in refs if r.key is not None], named, checked=hashed)
         except BlobFormatError as exc:
             raise BlobFormatError(f"{where}: method {call.method!r}: {exc}") from exc
         if len(meta.io_bindings) != len(call.args):

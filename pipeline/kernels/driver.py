@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +66,17 @@ class Module:
         pointers = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         _check(_cuda().cuLaunchKernel(self.function(name), grid, 1, 1, block, 1, 1, 0, stream, pointers, None), f"cuLaunchKernel({name})")
+
+
+_LOADED: dict[tuple[int, str], Module] = {}
+
+
+def load(ptx: bytes | memoryview) -> Module:
+    """`ptx` loaded once per device and content."""
+    key = (torch.cuda.current_device(), hashlib.sha256(ptx).hexdigest())
+    if key not in _LOADED:
+        _LOADED[key] = Module(bytes(ptx))
+    return _LOADED[key]
 
 
 def product(module: Module, x: torch.Tensor, weight: PackedWeight, out: torch.Tensor,

@@ -73,6 +73,17 @@ def pack(weight: torch.Tensor, format: str, group: int = 128) -> PackedWeight:
     return PackedWeight(format, n, k, 0, stored, scale.to(torch.float32).expand(n).contiguous())
 
 
+def stacked(parts: list[PackedWeight]) -> PackedWeight:
+    """Packed weights of one format and input width as one, their rows in order (each keeps its own
+    scales: stacking changes no stored value)."""
+    first = parts[0]
+    if any((p.format, p.k, p.group) != (first.format, first.k, first.group) for p in parts):
+        raise ValueError("only weights of one format, input width and group stack")
+    scales = None if first.scales is None else torch.cat([p.scales for p in parts])  # type: ignore[misc]
+    return PackedWeight(first.format, sum(p.n for p in parts), first.k, first.group,
+                        torch.cat([p.weight for p in parts]).contiguous(), scales)
+
+
 def dequantized(p: PackedWeight) -> torch.Tensor:
     """The [n, k] float32 weight the kernel computes with."""
     w = p.weight.cpu()

@@ -8,9 +8,6 @@ CPU it computes the kernels' reference (`formats.reference`), rounded to fp16 as
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any
-
 import torch
 
 from pipeline.kernels import formats
@@ -49,24 +46,10 @@ def _compute(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: 
     if x.is_cuda:
         from pipeline.kernels import driver  # noqa: PLC0415  (libcuda only where a GPU runs it)
 
-        driver.product(_module(kernels), rows.contiguous(), packed, out.view(-1, packed.n), bias if bias.numel() else None)
+        driver.product(driver.load(kernels.cpu().numpy().tobytes()), rows.contiguous(), packed, out.view(-1, packed.n), bias if bias.numel() else None)
     else:
         out.copy_(formats.reference(rows, packed, bias if bias.numel() else None).to(out.dtype).reshape(out.shape))
     return out
-
-
-_MODULES: dict[tuple[int, str], Any] = {}
-
-
-def _module(kernels: torch.Tensor) -> Any:
-    """The PTX in `kernels` loaded once per device and content."""
-    from pipeline.kernels import driver  # noqa: PLC0415
-
-    data = kernels.cpu().numpy().tobytes()
-    key = (torch.cuda.current_device(), hashlib.sha256(data).hexdigest())
-    if key not in _MODULES:
-        _MODULES[key] = driver.Module(data)
-    return _MODULES[key]
 
 
 @torch.library.impl(_LIB, "decode_product", "CompositeExplicitAutograd")

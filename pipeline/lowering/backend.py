@@ -19,6 +19,7 @@ from pipeline.engine.converters.tensor_copy import register_dim_order_ops
 from pipeline.engine.network import graph_source
 from pipeline.errors import BlobFormatError
 from pipeline.executorch_api import NamedDataStore
+from pipeline.lowering.plans import build_plan
 from pipeline.runtime.engine_op import is_engine_call
 
 register_dim_order_ops()  # Edge programs hold ExecuTorch's dim-order copies, loaded with it above
@@ -38,6 +39,14 @@ class TensorRTBackend(BackendDetails):
             CompileSpecError, UnsupportedOperatorError, EngineBuildError.
         """
         spec = TensorRTCompileSpec.from_compile_specs(compile_specs)
+        store = NamedDataStore()  # a `.pte` segment, or the `.ptd` (`export.write_program` decides)
+        planned = build_plan(edge_program)
+        if planned is not None:  # engines and the project's kernels: one delegate running them in turn
+            payload, data, stats = planned
+            for key, value in data.items():
+                store.add_named_data(key, value, alignment=blob.ALIGN)
+            return PreprocessResult(processed_bytes=payload, data_store_output=store.get_named_data_store_output(),
+                                    _delegate_info_meta={**stats, "prebuilt": True})
         prebuilt = prebuilt_engine(edge_program)
         if prebuilt is not None:
             engine, meta, info = prebuilt
@@ -48,7 +57,6 @@ class TensorRTBackend(BackendDetails):
                     "profiles": profile_count(meta, spec),
                     "quantized": quantize.plan(graph_source(edge_program), spec.quantize).summary()}
         ref = blob.EngineRef.of(engine)
-        store = NamedDataStore()  # a `.pte` segment, or the `.ptd` (`export.write_program` decides)
         store.add_named_data(ref.key, engine, alignment=blob.ALIGN)
         return PreprocessResult(processed_bytes=blob.encode(ref, meta), data_store_output=store.get_named_data_store_output(),
                                 _delegate_info_meta={**info, "engine_bytes": ref.size})

@@ -121,11 +121,10 @@ def _constant(gm: torch.fx.GraphModule, value: torch.Tensor, prefix: str) -> str
 
 def _replace(gm: torch.fx.GraphModule, group: Sequence[_Product], kernels: str) -> None:
     """One call for the products of `group` (one input, one format), its result sliced for each."""
-    weight = torch.cat([p.weight for p in group])
+    packed = formats.stacked([formats.pack(p.weight, p.format, p.group) for p in group])
     bias = None
     if any(p.bias is not None for p in group):
         bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0]) for p in group])
-    packed = formats.pack(weight, group[0].format, group[0].group)
     empty = torch.empty(0, dtype=torch.float16)
     names = [_constant(gm, packed.weight, "_decode_weight"),
              _constant(gm, packed.scales if packed.scales is not None else empty, "_decode_scales"),

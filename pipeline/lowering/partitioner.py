@@ -3,6 +3,7 @@ drops those below `min_block_size`, and leaves the rest to the next partitioner 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,12 +11,16 @@ import torch
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data
 from torch.export import ExportedProgram
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
 
 from pipeline.delegate.blob import BACKEND_ID
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.executorch_api import decomposition_table
+from pipeline.kernels.product_op import is_decode_product
 from pipeline.lowering import backend as _backend  # noqa: F401  (ExecuTorch finds TensorRTBackend by subclass)
 from pipeline.lowering.partitioning import RECORD_KEY, is_operator, preserved_ops, propose, refused_op, symbol_ranges
+from pipeline.lowering.plans import is_planned
 from pipeline.runtime.engine_op import is_engine_call
 
 
@@ -76,15 +81,18 @@ class TensorRTPartitioner(Partitioner):
         spec = self.compile_spec.with_symbol_ranges(ranges)
         tags: dict[str, DelegationSpec] = {}
         record = PartitionRecord()
-        for node in graph_module.graph.nodes:
-            if is_engine_call(node):
-                tag = f"tensorrt_{len(tags)}"
+        for group in _planned_groups(graph_module):
+            tag = f"tensorrt_{len(tags)}"
+            for node in group:
                 node.meta["delegation_tag"] = tag
                 for user in node.users:  # the getitems of its outputs
-                    user.meta["delegation_tag"] = tag
-                tags[tag] = DelegationSpec(BACKEND_ID, spec.to_compile_specs())
-                record.claimed[tag] = list(_kept(node).get("claimed", [node.name]))
-            elif node.op == "call_function" and "refused" in _kept(node):  # the compile step's refusal
+                    if user.target is operator.getitem:
+                        user.meta["delegation_tag"] = tag
+            tags[tag] = DelegationSpec(BACKEND_ID, spec.to_compile_specs())
+            record.claimed[tag] = [name for node in group if is_engine_call(node)
+                                   for name in _kept(node).get("claimed", [node.name])]
+        for node in graph_module.graph.nodes:
+            if node.op == "call_function" and "refused" in _kept(node) and not is_planned(node):  # the compile step's refusal
                 record.refused[node.name] = {"op": refused_op(node.target), "reason": _kept(node)["refused"]}
         if self.claim_ops:
             self._claim_ops(graph_module, spec, tags, record)
@@ -103,6 +111,25 @@ class TensorRTPartitioner(Partitioner):
                 n.meta["delegation_tag"] = tag
             tags[tag] = DelegationSpec(BACKEND_ID, spec.to_compile_specs())
             record.claimed[tag] = [n.name for n in nodes if is_operator(n)]
+
+
+class _Planned(OperatorSupportBase):
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        return is_planned(node) or (node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node)
+                                    and is_planned(node.args[0]))
+
+
+def _planned_groups(graph_module: torch.fx.GraphModule) -> list[list[torch.fx.Node]]:
+    """The calls each delegate takes: engine calls one by one; where the program calls the project's
+    kernels (`compile.decode_kernels`), each maximal connected run of engine and kernel calls (no other
+    op between them) is one delegate, which runs them as a plan (`lowering/plans.py`)."""
+    nodes = list(graph_module.graph.nodes)
+    if not any(is_decode_product(n) for n in nodes):
+        return [[n] for n in nodes if is_engine_call(n)]
+    order = {n: i for i, n in enumerate(nodes)}
+    proposals = CapabilityBasedPartitioner(graph_module, _Planned(), allows_single_node_partition=True).propose_partitions()
+    groups = [sorted((n for n in p.nodes if is_planned(n)), key=order.__getitem__) for p in proposals]
+    return sorted((g for g in groups if g), key=lambda g: order[g[0]])
 
 
 def _untag_state(program: ExportedProgram) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
 
-from pipeline.delegate import blob
+from pipeline.delegate import blob, plan
 from pipeline.engine.converters.registry import aten_op
 from pipeline.lowering.partitioner import PartitionRecord
 
@@ -39,11 +39,14 @@ def engine_entry(module: LoweredBackendModule) -> dict[str, Any]:
     """Report entry for one delegate: backend, bytes, and for TensorRT the engine and its build."""
     entry: dict[str, Any] = {"backend": module.backend_id, "blob_bytes": len(module.processed_bytes)}
     if module.backend_id == blob.BACKEND_ID:
-        meta, engine = blob.decode(module.processed_bytes)
+        meta, refs = plan.delegate_view(module.processed_bytes)
+        engines = [r for r in refs if isinstance(r, blob.EngineRef)]
         info = module.meta.get("_delegate_info_meta") or {}
+        if plan.is_plan(module.processed_bytes):  # engines and the project's kernels in turn (`delegate/plan.py`)
+            entry["plan"] = {k: info.get(k) for k in ("plan_steps", "engines", "kernels", "kernel_weight_bytes")}
         entry.update(
-            engine_bytes=engine.size,
-            engine_key=engine.key,
+            engine_bytes=sum(r.size for r in engines),
+            engine_key=engines[0].key if len(engines) == 1 else [r.key for r in engines],
             build_seconds=None if info.get("build_seconds") is None else round(float(info["build_seconds"]), 4),
             num_layers=info.get("num_layers"),
             profiles=info.get("profiles"),  # optimization profiles (0: static shapes)

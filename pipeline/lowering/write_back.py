@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.delegate import blob
+from pipeline.delegate.plan import delegate_view
 from pipeline.runtime.values import state_values
 
 
@@ -72,7 +73,7 @@ def _write_backs(program: Any, plan: Any, calls: list[Any]) -> dict[int, tuple[A
     for at, call in enumerate(calls):
         if not _is_tensorrt(plan, call):
             continue
-        meta, _ = blob.decode(bytes(program.backend_delegate_data[plan.delegates[call.delegate_index].processed.index].data))
+        meta, _ = delegate_view(bytes(program.backend_delegate_data[plan.delegates[call.delegate_index].processed.index].data))
         inputs = {b.name: k for k, b in enumerate(meta.inputs)}
         for o, binding in enumerate(meta.outputs):
             arg = len(meta.inputs) + o

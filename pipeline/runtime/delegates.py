@@ -8,10 +8,12 @@ from typing import Any
 import torch
 
 from pipeline.delegate import blob
+from pipeline.delegate import plan as plans
 from pipeline.engine import build_env
 from pipeline.engine.trt_api import available
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.runtime.engine_runner import EngineRunner
+from pipeline.runtime.plan_delegate import PlanDelegate
 
 
 class TensorRTDelegate:
@@ -27,6 +29,11 @@ class TensorRTDelegate:
         # alias: written into a tensor of the delegate's, then copied into the state.
         self.into = frozenset(o for o, v in enumerate(self.outputs) if v in self.inputs and o not in self.runner.aliases)
         self._scratch: dict[int, torch.Tensor] = {}
+
+    @property
+    def aliases(self) -> dict[int, int]:
+        """Output position -> the input position it updates in place."""
+        return self.runner.aliases
 
     def hand_out(self, indices: set[int]) -> None:
         """Let the outputs at these value indices (the method's own outputs) be written into new
@@ -67,7 +74,12 @@ def make_delegate(backend: str, payload: bytes, args: list[int], program: Any) -
             f"this program has a {backend} delegate, which pipeline.runtime cannot execute; run it with "
             "ExecuTorch's runtime (executorch.runtime), or lower without that backend"
         )
-    meta, ref = blob.decode(payload)
+    if plans.is_plan(payload):
+        planned = plans.decode(payload)
+        meta, ref = planned.engines[0].meta, planned.engines[0].engine
+    else:
+        planned = None
+        meta, ref = blob.decode(payload)
     build_env.check(meta.tf32_override, f"this program's TensorRT engine {ref.sha256[:12]}")
     if not torch.cuda.is_available():
         raise RuntimeUnavailableError("this program has TensorRT delegates, which run on a CUDA GPU; this machine has none "
@@ -77,4 +89,6 @@ def make_delegate(backend: str, payload: bytes, args: list[int], program: Any) -
             "this program has TensorRT delegates, which need TensorRT (`pip install -e '.[tensorrt]'` or "
             "'.[tensorrt-rtx]'); neither tensorrt nor tensorrt_rtx imports here"
         )
+    if planned is not None:
+        return PlanDelegate(planned, args, program)
     return TensorRTDelegate(meta, ref, args, program)

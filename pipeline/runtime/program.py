@@ -29,6 +29,7 @@ from pipeline.runtime.fused_kernels import fuse, plan_runs
 from pipeline.runtime.kernels import resolve
 from pipeline.runtime.method_graph import MethodGraph
 from pipeline.runtime.options import RuntimeOptions
+from pipeline.runtime.plan_delegate import PlanDelegate
 from pipeline.runtime.values import dtype_of, materialise, reads, state_arenas
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class Method:
         self._graph = MethodGraph(self) if program.options.method_graph and program.device.type == "cuda" else None
         handed = {i for i in plan.outputs if i not in plan.inputs} if self._bind_inputs else set()
         for step in self._steps:
-            if isinstance(step, TensorRTDelegate):
+            if isinstance(step, (TensorRTDelegate, PlanDelegate)):
                 step.hand_out(handed)
         self._slots = {i: self._values[i] for i in handed if isinstance(self._values[i], torch.Tensor)}
         self.first_run_seconds: float | None = None
@@ -116,7 +117,7 @@ class Method:
         """Engines that update program state in place (a KV cache) may do so where the state lives
         when nothing after them reads it but its write-back (`TensorRTDelegate.donate`)."""
         for at, step in enumerate(self._steps):
-            if not isinstance(step, TensorRTDelegate) or not step.runner.aliases:
+            if not isinstance(step, (TensorRTDelegate, PlanDelegate)) or not step.aliases:
                 continue
             writes_back, read_later = set(), set(self._plan.outputs)
             for instruction in instructions[at + 1:]:
