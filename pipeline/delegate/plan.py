@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -200,10 +201,28 @@ def check(plan: Plan) -> None:
         unknown = [n for n in step.outputs if n not in shapes]
         if unknown:
             raise BlobFormatError(f"{where} writes {unknown}, which the plan does not declare")
+        _check_sizes(where, step, shapes)
         known.update(step.outputs)
     unwritten = [b.name for b in plan.outputs if b.name not in known and not b.aliases]
     if unwritten:
         raise BlobFormatError(f"TensorRT plan never writes its outputs {unwritten}")
+
+
+def _check_sizes(where: str, step: EngineStep | KernelStep, shapes: dict[str, IOBinding]) -> None:
+    """What a step reads and writes is sized from its values: an engine's bindings take them; a
+    kernel's x and y are [T, k] and [T, n] in float16 for its T, and its grid covers n rows."""
+    if isinstance(step, EngineStep):
+        for b, name in zip((*step.meta.inputs, *step.meta.outputs), (*step.inputs, *step.outputs)):
+            value, spec = shapes[name], b.spec  # a dynamic dim without bounds takes any size
+            if value.dtype != b.dtype or len(value.shape) != len(b.shape) or any(
+                    not lo <= d <= hi for d, lo, hi in zip(value.shape, spec.min, spec.max)):
+                raise BlobFormatError(f"{where} binds {name!r} to an engine binding of another dtype or shape")
+        return
+    x, y = shapes[step.inputs[0]], shapes[step.outputs[0]]
+    tokens = math.prod(x.shape) // step.k if x.shape and x.shape[-1] == step.k else 0
+    if (x.dtype, y.dtype) != ("float16", "float16") or not y.shape or y.shape[-1] != step.n or \
+            math.prod(y.shape) != tokens * step.n or step.kernel[-1] != str(tokens) or step.grid * step.block < 32 * step.n:
+        raise BlobFormatError(f"{where} runs kernel {step.kernel} on values that are not its [T, k] -> [T, n] in float16")
 
 
 def delegate_view(payload: bytes | memoryview) -> tuple[BlobMetadata, list[EngineRef | DataRef]]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pipeline import dtypes
-from pipeline.delegate import blob
+from pipeline.delegate import blob, plan
 from pipeline.errors import BlobFormatError
 
 NATIVE = Path(__file__).resolve().parents[2] / "native"
@@ -139,3 +139,53 @@ def test_layouts_are_read_and_refused_as_the_pipeline_does(reader: Path, tmp_pat
     assert lines[:2] == [f"OK 2 {ref.key}"] * 2 and not any(map(python_refusal, taken))
     for line, data in zip(lines[2:], refused):
         assert line.startswith("ERR TensorRT blob ") and "has layout" in line and "has layout" in python_refusal(data)
+
+
+def a_plan() -> bytes:
+    """A plan as `lowering/plans.py` writes one: an engine that updates a cache in place and writes an
+    activation, then one of the project's kernels reading it into the delegate's output."""
+    engine_meta = blob.BlobMetadata((blob.IOBinding("x", "float16", (1, 8), True), blob.IOBinding("cache", "float32", (2, 3), True),
+                                     blob.IOBinding("h", "float16", (1, 8), False),
+                                     blob.IOBinding("cache_out", "float32", (2, 3), False, aliases="cache")), tf32_override="")
+    io = (blob.IOBinding("input_0", "float16", (1, 8), True), blob.IOBinding("input_1", "float32", (2, 3), True),
+          blob.IOBinding("output_0", "float16", (1, 4), False),
+          blob.IOBinding("output_1", "float32", (2, 3), False, aliases="input_1"))
+    module = plan.DataRef.of(b"ptx\0", plan.KERNELS_PREFIX)
+    weight = plan.DataRef.of(bytes(64), plan.WEIGHT_PREFIX)
+    steps = (plan.EngineStep(engine_meta, blob.EngineRef.of(bytes(range(256))), ("input_0", "input_1"), ("value_0", "input_1")),
+             plan.KernelStep("dp_fp16_t1", module, weight, None, None, 4, 8, 0, 1, 128, ("value_0",), ("output_0",)))
+    return plan.encode(plan.Plan(io, (blob.IOBinding("value_0", "float16", (1, 8), False),), steps))
+
+
+def python_plan_refusal(data: bytes) -> str:
+    try:
+        plan.decode(data)
+    except (BlobFormatError, ValueError, TypeError, KeyError, OverflowError, struct.error) as exc:
+        return str(exc) or type(exc).__name__
+    return ""
+
+
+def test_plans_read_as_the_pipeline_reads_them_and_damage_is_refused(reader: Path, tmp_path: Path) -> None:
+    """The plan contract (`delegate/plan.py`) natively: the plan reads whole; truncations, flipped bits and
+    damaged JSON are refused with one line, never a crash or a read outside the blob, and the native
+    reader takes no plan the Python one refuses."""
+    seed, rng = a_plan(), random.Random(1)
+    cases = [seed, *(seed[:n] for n in range(0, len(seed), 3))]
+    for _ in range(1500):
+        data = bytearray(seed)
+        for _ in range(rng.randint(1, 3)):
+            data[blob.HEADER.size + rng.randrange(len(seed) - blob.HEADER.size)] ^= 1 << rng.randrange(8)
+        cases.append(bytes(data))
+    for old, new in ((b'"dp_fp16_t1"', b'"dp_fp16_t2"'), (b'"n":4', b'"n":9'), (b'"inputs":["value_0"]', b'"inputs":["value_9"]'),
+                     (b'"block":128', b'"block":4'), (b'"aliases":"input_1"', b'"aliases":"input_0"')):
+        assert old in seed
+        cases.append(seed.replace(old, new))
+    results = read_all(reader, cases, tmp_path)
+    assert results[0] == "OK plan 4 2" and not python_plan_refusal(seed)
+    for data, line in zip(cases[1:], results[1:]):
+        if line.startswith("OK"):
+            why = python_plan_refusal(data)
+            assert not why, f"the native reader took a plan the Python reader refuses ({why}): {data!r}"
+        else:
+            assert line.startswith("ERR TensorRT ") and "\n" not in line
+    assert all(line.startswith("ERR") for line in results[-5:])  # a kernel of other tokens, sizes, reads; an alias
