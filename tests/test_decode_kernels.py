@@ -156,3 +156,23 @@ def test_the_runner_runs_the_plan_as_pipeline_runtime_does(built: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert [int(t) for t in done.stdout.splitlines()[0].split()] == new
         assert f"per step the delegate copied 16 bytes in and {256 * 2} out" in done.stdout
+
+
+def test_the_native_delegate_reads_the_plan_and_says_what_it_needs(built: Path) -> None:
+    """ExecuTorch's runtime with the native delegate reads the program's plan (all its steps) and, on a
+    machine without a GPU, refuses in one line."""
+    from pipeline.errors import RuntimeUnavailableError
+    from pipeline.runtime import executorch_runtime
+    from pipeline.runtime.native_library import load_backend
+    from tests.helpers import GPU
+
+    if GPU:
+        pytest.skip("the GPU runs it (the tests above)")
+    load_backend()
+    (path,) = (built / "program").glob("*.pte")
+    program = executorch_runtime.load(path)
+    steps = 8 * SIZE["num_hidden_layers"] + 2
+    with pytest.raises(RuntimeUnavailableError, match=rf"^method 'decode', TensorRT plan of {steps} steps: this machine has no "
+                                                      r"CUDA driver \(libcuda.so.1 does not load\); TensorRT programs run on an "
+                                                      r"NVIDIA GPU$"):
+        program.method("decode").execute([torch.tensor([[1]]), torch.tensor([0])])

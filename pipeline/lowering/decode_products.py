@@ -125,13 +125,12 @@ def _replace(gm: torch.fx.GraphModule, group: Sequence[_Product], kernels: str) 
     bias = None
     if any(p.bias is not None for p in group):
         bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0]) for p in group])
-    empty = torch.empty(0, dtype=torch.float16)
     names = [_constant(gm, packed.weight, "_decode_weight"),
-             _constant(gm, packed.scales if packed.scales is not None else empty, "_decode_scales"),
-             _constant(gm, bias.to(torch.float16) if bias is not None else empty, "_decode_bias"), kernels]
+             None if packed.scales is None else _constant(gm, packed.scales, "_decode_scales"),
+             None if bias is None else _constant(gm, bias.to(torch.float16), "_decode_bias"), kernels]
     first = group[0].node
     with gm.graph.inserting_before(first):
-        args = [group[0].x, *(gm.graph.get_attr(n) for n in names)]
+        args = [group[0].x, *(None if n is None else gm.graph.get_attr(n) for n in names)]
         call = gm.graph.call_function(torch.ops.pipeline.decode_product.default, tuple(args))
         value = group[0].x.meta["val"]
         call.meta["val"] = value.new_empty([*value.shape[:-1], packed.n])

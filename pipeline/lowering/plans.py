@@ -110,15 +110,15 @@ def _kernel_step(call: torch.fx.Node, constants: dict[str, Any], names: dict[tor
                  values: list[IOBinding], data: dict[str, bytes]) -> plan.KernelStep:
     x, weight, scales, bias, kernels = call.args
     value = x.meta["val"]
-    packed = packed_of(value, constants[weight.name], constants[scales.name])
+    packed = packed_of(value, constants[weight.name], None if scales is None else constants[scales.name])
     tokens = int(value.numel() // value.shape[-1])
 
-    def stored(node: torch.fx.Node, prefix: str) -> plan.DataRef | None:
+    def stored(node: torch.fx.Node | None, prefix: str) -> plan.DataRef | None:
+        if node is None:
+            return None
         tensor = constants[node.name]
         if tensor is None:
             raise BlobFormatError(f"kernel call {call.name} reads {node.name} at run time; its weights must be constants")
-        if tensor.numel() == 0:
-            return None
         raw = tensor.contiguous().cpu().view(torch.uint8).numpy().tobytes()
         ref = plan.DataRef.of(raw, prefix)
         data[ref.key] = raw
