@@ -88,9 +88,21 @@ def timed(variants: list[Variant], timing: Timing) -> None:
                     v.samples.append(begin.elapsed_time(end))
 
 
+# Kernel classes of a profile, by name (first match): the project's products, TensorRT's and cuBLAS's
+# products, attention, and the rest (norms, rotary, cache writes, copies between layouts).
+KERNEL_CLASSES = (("products (ours)", re.compile(r"^dp_(fp16|int4|fp8)_t\d")),
+                  ("products", re.compile(r"gemm|gemv|xmma|cutlass|matmul|sm\d\d_|splitK", re.I)),
+                  ("attention", re.compile(r"fmha|attention|mha|softmax|flash", re.I)))
+
+
+def kernel_class(name: str) -> str:
+    return next((label for label, pattern in KERNEL_CLASSES if pattern.search(name)), "the rest")
+
+
 def kernel_profile(run: Callable[[], Any], calls: int, top: int = 10) -> dict[str, Any]:
     """What the GPU did during `run`, per call of the `calls` it makes: bytes copied, copies, kernels
-    and graph launches, the kernels' summed time, and the `top` kernels by time (name: [µs, count])."""
+    and graph launches, the kernels' summed time, by class (`KERNEL_CLASSES`), and the `top` kernels by
+    time (name: [µs, count])."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -109,6 +121,8 @@ def kernel_profile(run: Callable[[], Any], calls: int, top: int = 10) -> dict[st
             "copies_per_step": len(copies) / calls, "kernels_per_step": len(kernels) / calls,
             "graph_launches_per_step": len(launches) / calls,
             "kernel_us_per_step": sum(sum(d) for d in by_name.values()) / calls,
+            "kernel_us_per_step_by_class": {label: round(sum(sum(d) for n, d in by_name.items() if kernel_class(n) == label)
+                                                         / calls, 1) for label in [*(c for c, _ in KERNEL_CLASSES), "the rest"]},
             "top_kernels_us_per_step": {name: [round(sum(d) / calls, 1), len(d) / calls] for name, d in longest}}
 
 
