@@ -33,21 +33,22 @@ BUILD = ["+experiment=llm_decode_kernels", "cache=off", "serialize=default", "co
          "model.methods.prefill.inputs.0.high=256", "model.methods.decode.inputs.0.high=256"]
 
 
-def _decode_graph(mode: str, tokens: int = 1) -> tuple[torch.fx.GraphModule, tuple[torch.Tensor, torch.Tensor]]:
+def _decode_graph(mode: str, tokens: int = 1, architecture: str = "llama") -> tuple[torch.fx.GraphModule, tuple[torch.Tensor, torch.Tensor]]:
     torch.manual_seed(0)  # the model's random weights
-    model = decoder(architecture="llama", max_cache_len=32, dtype="float16", **SIZE)  # type: ignore[arg-type]
+    model = decoder(architecture=architecture, max_cache_len=32, dtype="float16", **SIZE)  # type: ignore[arg-type]
     inputs = (torch.randint(0, 256, (1, tokens), generator=torch.Generator().manual_seed(0)), torch.tensor([3]))
     gm = export_method(model, inputs).module()
     fold_constants(gm, written_buffers(gm))
     return gm, inputs
 
 
-@pytest.mark.parametrize("mode, tokens", [("none", 1), ("int4_weight_only", 1), ("fp8", 1), ("none", 3)])
-def test_the_rewritten_step_computes_the_models_logits_on_the_cpu(mode: str, tokens: int) -> None:
+@pytest.mark.parametrize("mode, tokens, architecture", [("none", 1, "llama"), ("int4_weight_only", 1, "llama"),
+                                                       ("fp8", 1, "llama"), ("none", 3, "llama"), ("int4_weight_only", 1, "qwen2")])
+def test_the_rewritten_step_computes_the_models_logits_on_the_cpu(mode: str, tokens: int, architecture: str) -> None:
     """The products go to `decode_product` calls (q, k and v as one, gate and up as one) and the step
     gives the model's logits: fp16 at fp16's rounding, int4 and fp8 those of the model with its weights
-    rounded as the engines store them."""
-    gm, inputs = _decode_graph(mode, tokens)
+    rounded as the engines store them; Qwen2's q, k and v carry biases."""
+    gm, inputs = _decode_graph(mode, tokens, architecture)
     spec = TensorRTCompileSpec(precision="fp16", decode_kernels=True, quantize={"mode": mode, "group_size": 32})
     want_gm = copy.deepcopy(gm)
     if mode != "none":  # the model as its weights are stored
