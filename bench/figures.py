@@ -78,6 +78,20 @@ def _media(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _decode_kernels(r: dict[str, Any]) -> str:
+    lines = [f"{r['gpu']}, {r['date']} (`{r['command']}`): {r['layers']} TinyLlama-sized layers' products, the device "
+             f"copy {r['copy_GBs']:.0f} GB/s (bytes read and written). Weight GB/s of every product in turn as one CUDA "
+             "graph, and its share of the copy's; the largest error against the float reference.", "",
+             "| format | tokens | µs for the layers | weight GB/s | of the copy | max rel. error |", "|---|---|---|---|---|---|"]
+    for x in r["rows"]:
+        error = f"{x['max_rel_error']:.1e}" if "max_rel_error" in x else ""
+        lines.append(f"| {x['format']} | {x['tokens']} | {x['ms'] * 1e3:.0f} | {x['GBs']:.0f} | {x['of_copy'] * 100:.0f} % | {error} |")
+    lines += ["", "| one token, one shape | format | µs | weight GB/s | of the copy |", "|---|---|---|---|---|"]
+    lines += [f"| {x['name']} {x['shape']} | {x['format']} | {x['us']:.1f} | {x['GBs']:.0f} | {x['of_copy'] * 100:.0f} % |"
+              for x in r.get("shapes", [])]
+    return "\n".join(lines) + "\n"
+
+
 RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "dvc-build": ("dvc-build.json", _dvc_build),
     "reference-gpu": ("reference-gpu.json", _reference_gpu),

@@ -105,7 +105,9 @@ def main() -> None:
     begin = time.perf_counter()
     module = driver.Module(ptx.kernels_ptx())
     copy = copy_bandwidth()
-    results: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "nvrtc": ptx.nvrtc_version(), "arch": ptx.ARCH,
+    results: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+                               "command": f"python -m bench.experiments.decode_kernels --layers {args.layers}",
+                               "nvrtc": ptx.nvrtc_version(), "arch": ptx.ARCH,
                                "copy_GBs": copy, "layers": args.layers, "rows": []}
     print(json.dumps({k: v for k, v in results.items() if k != "rows"}), flush=True)
     for tokens in TOKENS:
