@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.config import objects
 from pipeline.config.compose import compose, typed
 from pipeline.delegate import plan, pte
 from pipeline.engine import quantize
@@ -127,7 +128,7 @@ def test_the_tensorrt_program_decodes_as_the_model_does(built: Path) -> None:
 
     (path,) = (built / "program").glob("*.pte")
     program = load(path)
-    model = decoder(architecture="llama", max_cache_len=64, dtype="float16", **SIZE).cuda()  # type: ignore[arg-type]
+    model = objects.model(typed(compose(BUILD))).cuda()  # the program's weights (the config's seed)
     tokens = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model.step(tokens[:, :16].cuda(), torch.tensor([0]).cuda())

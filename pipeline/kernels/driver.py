@@ -61,11 +61,12 @@ class Module:
             self._functions[name] = handle
         return self._functions[name]
 
-    def launch(self, name: str, grid: int, block: int, args: Sequence[Any]) -> None:
-        """Launch `name` on PyTorch's current stream with `args` (ctypes values, in its parameter order)."""
+    def launch(self, name: str, grid: int, block: int, args: Sequence[Any], stream: torch.cuda.Stream | None = None) -> None:
+        """Launch `name` on `stream` (default: PyTorch's current one) with `args` (ctypes values, in its
+        parameter order)."""
         pointers = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        _check(_cuda().cuLaunchKernel(self.function(name), grid, 1, 1, block, 1, 1, 0, stream, pointers, None), f"cuLaunchKernel({name})")
+        handle = ctypes.c_void_p((stream or torch.cuda.current_stream()).cuda_stream)
+        _check(_cuda().cuLaunchKernel(self.function(name), grid, 1, 1, block, 1, 1, 0, handle, pointers, None), f"cuLaunchKernel({name})")
 
 
 _LOADED: dict[tuple[int, str], Module] = {}
@@ -80,13 +81,13 @@ def load(ptx: bytes | memoryview) -> Module:
 
 
 def product(module: Module, x: torch.Tensor, weight: PackedWeight, out: torch.Tensor,
-            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """out[t, n] = x[t, k] @ weight^T (+ bias) with the project's kernel; every tensor on the GPU, fp16,
-    contiguous."""
+            bias: torch.Tensor | None = None, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
+    """out[t, n] = x[t, k] @ weight^T (+ bias) with the project's kernel on `stream` (default: PyTorch's
+    current one); every tensor on the GPU, fp16, contiguous."""
     tokens = x.shape[0]
     scales = weight.scales.data_ptr() if weight.scales is not None else 0
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(weight.weight.data_ptr()), ctypes.c_void_p(scales),
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0), ctypes.c_void_p(out.data_ptr()),
             ctypes.c_int(weight.n), ctypes.c_int(weight.k), ctypes.c_int(weight.group)]
-    module.launch(formats.kernel_name(weight.format, tokens), formats.grid(weight.n), formats.THREADS, args)
+    module.launch(formats.kernel_name(weight.format, tokens), formats.grid(weight.n), formats.THREADS, args, stream)
     return out

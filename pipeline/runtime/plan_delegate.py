@@ -59,10 +59,11 @@ class PlanDelegate:
         packed = formats.PackedWeight(format, step.n, step.k, step.group, weight.view(step.n, -1),
                                       None if scales is None else scales.view(step.n, -1))
         (x_name,), (y_name,) = step.inputs, step.outputs
+        stream = program.stream  # the engines' (a method graph captures on it too)
 
         def run(local: dict[str, torch.Tensor]) -> None:
             x, y = local[x_name], local[y_name]
-            driver.product(module, x.reshape(-1, step.k), packed, y.view(-1, step.n), bias)
+            driver.product(module, x.reshape(-1, step.k), packed, y.view(-1, step.n), bias, stream)
         return run
 
     def hand_out(self, indices: set[int]) -> None:
