@@ -178,3 +178,13 @@ def test_the_native_delegate_reads_the_plan_and_says_what_it_needs(built: Path) 
                                                       r"CUDA driver \(libcuda.so.1 does not load\); TensorRT programs run on an "
                                                       r"NVIDIA GPU$"):
         program.method("decode").execute([torch.tensor([[1]]), torch.tensor([0])])
+
+
+def test_kernels_asked_for_where_no_product_fits_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """llama_tiny as configured (float32, prefill and decode one token range): no product is the kernels',
+    and the build says so instead of quietly building the engines alone."""
+    from pipeline.steps.compile import run_compile
+
+    with caplog.at_level("WARNING", logger="pipeline"):
+        run_compile(typed(compose(["model=llama_tiny", "cache=off", "compile.decode_kernels=true"])), tmp_path / "compiled")  # type: ignore[arg-type]
+    assert "compile.decode_kernels is on, but no method has a product the project's kernels take" in caplog.text

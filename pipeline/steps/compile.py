@@ -3,6 +3,7 @@ engines (through the engine cache), each method one engine-bearing `.pt2`."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -14,10 +15,13 @@ from pipeline.engine.cache import EngineCache
 from pipeline.engine.support import check_executed_ops
 from pipeline.errors import ConfigError, ExportError
 from pipeline.files import atomic_dir
+from pipeline.kernels.product_op import is_decode_product
 from pipeline.lowering.compile import compile_program, export_method, written_state
 from pipeline.models import weight_files
 from pipeline.steps.intermediates import save_constants, save_exported
 from pipeline.steps.progress import step
+
+log = logging.getLogger("pipeline")
 
 
 def run_compile(cfg: PipelineConfig, out_dir: str | Path, weights: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -77,10 +81,16 @@ def _compile_methods(cfg: PipelineConfig, model: Any, out_dir: str | Path, cache
     check_executed_ops({m: (spec.torch_executed_ops, exported[m].graph) for m, spec in specs.items()})
     with atomic_dir(out_dir) as tmp:
         save_constants(objects.program_constants(cfg, model, weights), tmp)  # values the program carries
+        kernel_calls = 0
         for method in methods:
             with step(f"compile: method {method!r} of {cfg.model.name}") as seconds:
                 program = compile_program(exported[method], inputs[method], specs[method], method, cache, state,
                                           objects.declared_values(methods[method]))
                 save_exported(program, tmp / f"{method}.pt2")
             timings[method] = round(timings[method] + seconds(), 2)
+            kernel_calls += sum(is_decode_product(n) for n in program.graph.nodes)
+    if any(spec.decode_kernels for spec in specs.values()) and not kernel_calls:
+        log.warning("compile.decode_kernels is on, but no method has a product the project's kernels take (1 to 8 "
+                    "tokens of float16, a static shape: decode as a method of its own, model.kwargs.dtype=float16, as "
+                    "+experiment=llm_decode_kernels has it), so every product runs in TensorRT")
     return timings
