@@ -100,21 +100,7 @@ Error run(Delegate& d, Span<EValue*> args) {
   // Outputs first: which write state (their argument is an input's memory, write_back.py). The
   // engine updates aliased state in place; any other new value of state goes to the delegate's own
   // buffer and from there into the state's device memory.
-  std::vector<bool> in_place(n_in, false);
-  std::vector<int> into(n_out, -1);
-  for (size_t o = 0; o < n_out; ++o) {
-    const Tensor& out = args[n_in + o]->toTensor();
-    auto is_input = [&](size_t k) {
-      const Tensor& in = args[k]->toTensor();
-      return out.const_data_ptr() == in.const_data_ptr() && out.nbytes() == in.nbytes() && out.nbytes() > 0;
-    };
-    if (int k = d.alias_of[o]; k >= 0) {
-      in_place[k] = in_place[k] || is_input(k);
-      continue;
-    }
-    for (size_t k = 0; k < n_in && into[o] < 0; ++k)
-      if (is_input(k)) into[o] = static_cast<int>(k), in_place[k] = true;
-  }
+  auto [in_place, into] = state_use(args, n_in, d.alias_of);
   // Inputs: state stays on the device; the rest are copied in.
   std::vector<void*> in_addr(n_in);
   for (size_t k = 0; k < n_in; ++k) {
@@ -234,12 +220,7 @@ Error init_engine(BackendInitContext& context, Delegate& d) {
   }
   for (const auto& b : d.info.bindings) (b.is_input ? d.inputs : d.outputs).push_back(&b);
   for (const Binding* b : d.inputs) d.input_names.push_back(b->name);
-  for (const Binding* b : d.outputs) {
-    int k = -1;
-    for (size_t i = 0; i < d.inputs.size(); ++i)
-      if (!b->aliases.empty() && d.inputs[i]->name == b->aliases) k = static_cast<int>(i);
-    d.alias_of.push_back(k);
-  }
+  d.alias_of = alias_positions(d.inputs, d.outputs);
   d.written.assign(d.inputs.size(), false);
   for (int k : d.alias_of)
     if (k >= 0) d.written[k] = true;

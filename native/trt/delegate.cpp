@@ -203,4 +203,34 @@ Error launch(Delegate& d, const cuda::Driver* drv, cuda::Stream stream) {
     return refuse(Error::Internal, d.where + ": TensorRT failed to run the engine (" + last_tensorrt_error() + ")");
   return Error::Ok;
 }
+std::vector<int> alias_positions(const std::vector<const Binding*>& inputs, const std::vector<const Binding*>& outputs) {
+  std::vector<int> out;
+  for (const Binding* b : outputs) {
+    int k = -1;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (!b->aliases.empty() && inputs[i]->name == b->aliases) k = static_cast<int>(i);
+    out.push_back(k);
+  }
+  return out;
+}
+
+StateUse state_use(::executorch::runtime::Span<EValue*> args, size_t n_in, const std::vector<int>& alias_of) {
+  const size_t n_out = alias_of.size();
+  StateUse use{std::vector<bool>(n_in, false), std::vector<int>(n_out, -1)};
+  for (size_t o = 0; o < n_out; ++o) {
+    const Tensor& out = args[n_in + o]->toTensor();
+    auto is_input = [&](size_t k) {
+      const Tensor& in = args[k]->toTensor();
+      return out.const_data_ptr() == in.const_data_ptr() && out.nbytes() == in.nbytes() && out.nbytes() > 0;
+    };
+    if (int k = alias_of[o]; k >= 0) {
+      use.in_place[k] = use.in_place[k] || is_input(k);
+      continue;
+    }
+    for (size_t k = 0; k < n_in && use.into[o] < 0; ++k)
+      if (is_input(k)) use.into[o] = static_cast<int>(k), use.in_place[k] = true;
+  }
+  return use;
+}
+
 }  // namespace pipeline_trt

@@ -5,6 +5,7 @@
 
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/span.h>
 
 #include <atomic>
 #include <cstdint>
@@ -149,5 +150,17 @@ Error state_for(Delegate& d, size_t k, const Tensor& t, const cuda::Driver* drv,
 Error state_for(std::shared_ptr<State>& mine, const std::string& where, const Tensor& t, const cuda::Driver* drv,
                 cuda::Stream stream, void** out);
 Error launch(Delegate& d, const cuda::Driver* drv, cuda::Stream stream);
+
+// Per output binding: the position of the input its `aliases` names (written in place), or -1.
+std::vector<int> alias_positions(const std::vector<const Binding*>& inputs, const std::vector<const Binding*>& outputs);
+
+// Which inputs of a call are state (write_back.py: an output's argument is that input's memory):
+// `in_place` per input, one an aliased output updates where it lives or an output writes anew; `into`
+// per output, the input its new value is copied into on the device (-1: none).
+struct StateUse {
+  std::vector<bool> in_place;
+  std::vector<int> into;
+};
+StateUse state_use(::executorch::runtime::Span<EValue*> args, size_t n_in, const std::vector<int>& alias_of);
 
 }  // namespace pipeline_trt

@@ -29,6 +29,8 @@ struct Plan : Handle {
   std::string where;  // "method 'decode', TensorRT plan of 89 steps"
   std::vector<const Binding*> inputs, outputs;
   std::vector<int> alias_of;                        // per output: the input it is written into, or -1
+  std::vector<bool> written;                        // per input: an output updates it in place
+  std::vector<std::vector<std::vector<int64_t>>> shapes;  // per step: its engine's input shapes (static)
   std::vector<std::unique_ptr<Delegate>> engines;   // per step: its engine's delegate (null: a kernel)
   std::vector<std::unique_ptr<KernelCall>> kernels;  // per step: its kernel (null: an engine)
   std::map<std::string, DeviceBuffer> buffers;      // the values and outputs the steps write
@@ -138,8 +140,7 @@ Error run_steps(Plan& p, const std::map<std::string, void*>& at, const cuda::Dri
     const PlanStep& step = p.info.steps[i];
     if (Delegate* d = p.engines[i].get()) {
       if (Error e = ensure_context(*d); e != Error::Ok) return e;
-      std::vector<std::vector<int64_t>> shapes;
-      for (const auto& name : step.inputs) shapes.push_back(p.declared.at(name)->shape);
+      const auto& shapes = p.shapes[i];
       if (Error e = select_profile(*d, shapes, stream); e != Error::Ok) return e;
       for (size_t k = 0; k < shapes.size(); ++k) {
         if (shapes[k] == d->shapes[k]) continue;
@@ -212,13 +213,14 @@ et::Result<Handle*> init_plan(et::BackendInitContext& context, const uint8_t* bl
   for (const auto& b : p->info.bindings) (b.is_input ? p->inputs : p->outputs).push_back(&b);
   for (const auto* list : {&p->info.bindings, &p->info.values})
     for (const auto& b : *list) p->declared[b.name] = &b;
-  for (const Binding* b : p->outputs) {
-    int k = -1;
-    for (size_t i = 0; i < p->inputs.size(); ++i)
-      if (!b->aliases.empty() && p->inputs[i]->name == b->aliases) k = static_cast<int>(i);
-    p->alias_of.push_back(k);
-  }
+  p->alias_of = alias_positions(p->inputs, p->outputs);
+  p->written.assign(p->inputs.size(), false);
+  for (int k : p->alias_of)
+    if (k >= 0) p->written[k] = true;
   for (const auto& step : p->info.steps) {
+    p->shapes.emplace_back();
+    if (step.is_engine)
+      for (const auto& name : step.inputs) p->shapes.back().push_back(p->declared.at(name)->shape);
     if (step.is_engine) {
       auto d = std::make_unique<Delegate>();
       d->info = step.engine;
@@ -266,22 +268,7 @@ Error run_plan(Handle& handle, et::Span<EValue*> args) {
   if (stream == nullptr) return refuse(Error::Internal, p.where + ": " + error);
   // State, as an engine's delegate keeps it (backend.cpp's run): an input the program has an output
   // written into (the same memory) lives on the device, shared by every delegate handed it.
-  std::vector<bool> in_place(n_in, false), written(n_in, false);
-  std::vector<int> into(n_out, -1);
-  for (size_t o = 0; o < n_out; ++o) {
-    const Tensor& out = args[n_in + o]->toTensor();
-    auto same = [&](size_t k) {
-      const Tensor& in = args[k]->toTensor();
-      return out.const_data_ptr() == in.const_data_ptr() && out.nbytes() == in.nbytes() && out.nbytes() > 0;
-    };
-    if (int k = p.alias_of[o]; k >= 0) {
-      in_place[k] = in_place[k] || same(k);
-      written[k] = true;
-      continue;
-    }
-    for (size_t k = 0; k < n_in && into[o] < 0; ++k)
-      if (same(k)) into[o] = static_cast<int>(k), in_place[k] = written[k] = true;
-  }
+  auto [in_place, into] = state_use(args, n_in, p.alias_of);
   std::map<std::string, void*> at;
   std::vector<void*> key;
   for (size_t k = 0; k < n_in; ++k) {
@@ -289,7 +276,7 @@ Error run_plan(Handle& handle, et::Span<EValue*> args) {
     void* address = nullptr;
     if (in_place[k]) {
       if (Error e = state_for(p.state[k], p.where, t, drv, stream, &address); e != Error::Ok) return e;
-    } else if (!written[k] && (p.state[k] = shared_state(t))) {
+    } else if (!p.written[k] && (p.state[k] = shared_state(t))) {
       address = reinterpret_cast<void*>(p.state[k]->device.ptr);
     } else {
       if (!p.in_buffers[k].reserve(drv, t.nbytes(), error)) return refuse(Error::MemoryAllocationFailed, p.where + ": " + error);

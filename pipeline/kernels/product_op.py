@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from pipeline.kernels import formats
+from pipeline.kernels import driver, formats
 
 OP_NAME = "pipeline::decode_product"
 _LIB = torch.library.Library("pipeline", "DEF")
@@ -46,12 +46,22 @@ def _compute(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None,
     packed = packed_of(x, weight, scales)
     rows = x.reshape(-1, x.shape[-1])
     if x.is_cuda:
-        from pipeline.kernels import driver  # noqa: PLC0415  (libcuda only where a GPU runs it)
-
-        driver.product(driver.load(kernels.cpu().numpy().tobytes()), rows.contiguous(), packed, out.view(-1, packed.n), bias)
+        driver.product(_module(kernels), rows.contiguous(), packed, out.view(-1, packed.n), bias)
     else:
         out.copy_(formats.reference(rows, packed, bias).to(out.dtype).reshape(out.shape))
     return out
+
+
+_MODULES: dict[tuple[int, int, str], Any] = {}
+
+
+def _module(kernels: torch.Tensor) -> Any:
+    """The PTX constant's module, looked up by the constant (its bytes are read and hashed once, not at
+    every call of a decode step)."""
+    key = (kernels.data_ptr(), kernels.numel(), str(kernels.device))
+    if key not in _MODULES:
+        _MODULES[key] = driver.load(kernels.cpu().numpy().tobytes())
+    return _MODULES[key]
 
 
 @torch.library.impl(_LIB, "decode_product", "CompositeExplicitAutograd")

@@ -10,6 +10,7 @@ import shutil
 import struct
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -61,10 +62,10 @@ def inline(magic: bytes, engine: bytes, m: blob.BlobMetadata) -> bytes:
     return (head + js).ljust(eng_offset, b"\x00") + engine
 
 
-def python_refusal(data: bytes) -> str:
-    """Why the Python reader refuses `data` ("" when it takes it)."""
+def python_refusal(data: bytes, read: Any = blob.decode) -> str:
+    """Why the Python reader (`read`: of blobs, or of plans) refuses `data` ("" when it takes it)."""
     try:
-        blob.decode(data)
+        read(data)
     except (BlobFormatError, ValueError, TypeError, KeyError, OverflowError, struct.error) as exc:
         return str(exc) or type(exc).__name__
     return ""
@@ -157,14 +158,6 @@ def a_plan() -> bytes:
     return plan.encode(plan.Plan(io, (blob.IOBinding("value_0", "float16", (1, 8), False),), steps))
 
 
-def python_plan_refusal(data: bytes) -> str:
-    try:
-        plan.decode(data)
-    except (BlobFormatError, ValueError, TypeError, KeyError, OverflowError, struct.error) as exc:
-        return str(exc) or type(exc).__name__
-    return ""
-
-
 def test_plans_read_as_the_pipeline_reads_them_and_damage_is_refused(reader: Path, tmp_path: Path) -> None:
     """The plan contract (`delegate/plan.py`) natively: the plan reads whole; truncations, flipped bits and
     damaged JSON are refused with one line, never a crash or a read outside the blob, and the native
@@ -181,10 +174,10 @@ def test_plans_read_as_the_pipeline_reads_them_and_damage_is_refused(reader: Pat
         assert old in seed
         cases.append(seed.replace(old, new))
     results = read_all(reader, cases, tmp_path)
-    assert results[0] == "OK plan 4 2" and not python_plan_refusal(seed)
+    assert results[0] == "OK plan 4 2" and not python_refusal(seed, plan.decode)
     for data, line in zip(cases[1:], results[1:]):
         if line.startswith("OK"):
-            why = python_plan_refusal(data)
+            why = python_refusal(data, plan.decode)
             assert not why, f"the native reader took a plan the Python reader refuses ({why}): {data!r}"
         else:
             assert line.startswith("ERR TensorRT ") and "\n" not in line
