@@ -22,8 +22,9 @@ from pipeline.config import objects
 from pipeline.config.compose import compose, typed
 from pipeline.errors import ConfigError, InputError
 from pipeline.runtime import executorch_runtime, load
+from pipeline.runtime.audio import text
 from pipeline.runtime.generate import generate
-from pipeline.runtime.media import audio_windows, image_inputs, main, media_generate
+from pipeline.runtime.media import audio_inputs, audio_windows, image_inputs, main, media_generate
 from pipeline.runtime.native_library import run_runner
 from tests.helpers import gpu
 
@@ -37,7 +38,7 @@ GEMMA = ["model=image_text_decoder", "model.kwargs.max_cache_len=48", "model.met
 AUDIO_TOKEN = 24
 VOXTRAL_AUDIO = {"hidden_size": 32, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
                  "num_mel_bins": 16, "max_source_positions": 40}  # windows of 80 frames, 10 rows each
-VOXTRAL_TEXT = {"model_type": "llama", "vocab_size": 120, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
+VOXTRAL_TEXT = {"model_type": "llama", "vocab_size": 300, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
                 "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 256}
 VOXTRAL = ["model=audio_text_decoder", "model.kwargs.max_cache_len=48", "model.kwargs.slots=2",
            "model.methods.audio_encoder.inputs.0.shape=[1,16,80]"]
@@ -82,6 +83,31 @@ def voxtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = transformers.VoxtralConfig(audio_config=VOXTRAL_AUDIO, text_config=VOXTRAL_TEXT, audio_token_id=AUDIO_TOKEN)
     transformers.VoxtralForConditionalGeneration(config).save_pretrained(path)
     transformers.WhisperFeatureExtractor(feature_size=16, chunk_length=0.8).save_pretrained(path)
+    return path
+
+
+def _with_chat_processor(voxtral: Path, path: Path) -> Path:
+    """The Voxtral folder with Voxtral's processor as save_pretrained writes it: mistral-common's
+    tokenizer (`tekken.json`: 40 special tokens, [AUDIO] at Voxtral's 24, then the 256 bytes; 0.8 s
+    audio chunks at 12.5 rows a second, the encoder's) and the feature extractor."""
+    import base64
+
+    import transformers
+    from mistral_common.tokens.tokenizers.base import SpecialTokens
+
+    shutil.copytree(voxtral, path)
+    names = iter(t.value for t in SpecialTokens if t.value not in ("[AUDIO]", "[BEGIN_AUDIO]"))
+    special = [{"rank": r, "token_str": {24: "[AUDIO]", 25: "[BEGIN_AUDIO]"}.get(r) or next(names, f"<SPECIAL_{r}>"),
+                "is_control": True} for r in range(40)]
+    tekken = {"config": {"pattern": r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+", "num_vocab_tokens": 256,
+                         "default_vocab_size": 296, "default_num_special_tokens": 40, "version": "v7"},
+              "vocab": [{"rank": i, "token_bytes": base64.b64encode(bytes([i])).decode(), "token_str": None} for i in range(256)],
+              "special_tokens": special, "version": 1, "type": "Tekken",
+              "audio": {"sampling_rate": 16000, "frame_rate": 12.5, "chunk_length_s": 0.8,
+                        "audio_encoding_config": {"num_mel_bins": 16, "hop_length": 160, "window_size": 400}}}
+    (path / "tekken.json").write_text(json.dumps(tekken))
+    transformers.VoxtralProcessor(feature_extractor=transformers.WhisperFeatureExtractor(feature_size=16, chunk_length=0.8),
+                                  tokenizer=transformers.MistralCommonBackend.from_pretrained(str(path))).save_pretrained(path)
     return path
 
 
@@ -178,19 +204,60 @@ def test_an_image_and_a_prompt_generate_as_transformers_does(gemma: Path, tmp_pa
     assert capsys.readouterr().out.split() == [words[t] for t in want if t > 2]  # special tokens are not shown
 
 
-def _runner_tokens(pte: Path, ids: torch.Tensor, item: torch.Tensor, new: int, tmp: Path, encoder: str = "vision_encoder") -> list[int]:
-    """What the native runner generates, its encoder run first on `item` into slot 0."""
-    np.save(tmp / "item.npy", item.numpy())
-    np.save(tmp / "slot.npy", np.array([0], dtype=np.int64))
+def test_pan_and_scan_crops_are_items_as_transformers_makes_them(gemma: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`--pan-and-scan` (Gemma 3): the processor cuts a wide image into crops, each an item in a slot of
+    its own with its own placeholders, and the tokens are transformers' from the same pixels; a program
+    of fewer slots than items refuses before anything runs."""
+    from PIL import Image
+
+    wide = tmp_path / "wide.png"
+    Image.fromarray(np.random.default_rng(3).integers(0, 256, (300, 1100, 3), dtype=np.uint8)).save(wide)
+    ids, pixels = image_inputs(wide, gemma, "w1 w2", pan_and_scan=True)
+    assert ids is not None and pixels.shape[0] > 1 and int((ids == IMAGE_TOKEN).sum()) == ROWS * pixels.shape[0]
+    slots = [f"model.kwargs.slots={pixels.shape[0]}", "model.kwargs.max_cache_len=96"]
+    files = steps.run_all(typed(compose([*GEMMA, *slots, f"model.weights={gemma}", *PORTABLE])), tmp_path / "b")  # type: ignore[arg-type]
+    want = _transformers_tokens(gemma, 5, input_ids=ids, pixel_values=pixels, token_type_ids=(ids == IMAGE_TOKEN).long())
+    for program in (load(files["pte"]), executorch_runtime.load(files["pte"])):
+        assert media_generate(program, ids, list(pixels.split(1)), 5)[0, ids.shape[1]:].tolist() == want
+    assert _runner_tokens(files["pte"], ids, pixels, 5, tmp_path) == want  # every item, each in its slot
+    main([str(files["pte"]), "--image", str(wide), "--pan-and-scan", "--prompt", "w1 w2", "--model-folder", str(gemma),
+          "--max-new-tokens", "5", "--runtime", "executorch"])
+    words = {i: w for w, i in json.loads((gemma / "tokenizer.json").read_text())["model"]["vocab"].items()}
+    assert capsys.readouterr().out.split() == [words[t] for t in want if t > 2]
+    one = steps.run_all(typed(compose([*GEMMA, "model.kwargs.max_cache_len=96", f"model.weights={gemma}", *PORTABLE])),  # type: ignore[arg-type]
+                        tmp_path / "one")
+    with pytest.raises(InputError, match=rf"{pixels.shape[0]} image items given; the program holds 1 \(model.kwargs.slots\)"):
+        media_generate(load(one["pte"]), ids, list(pixels.split(1)), 5)
+
+
+def _siglip_processor(path: Path) -> Path:
+    """A folder of SigLIP's image processor alone (it cuts no crops)."""
+    import transformers
+
+    transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
+    return path
+
+
+def _runner_tokens(pte: Path, ids: torch.Tensor, items: torch.Tensor, new: int, tmp: Path, encoder: str = "vision_encoder") -> list[int]:
+    """What the native runner generates, its encoder run first on each of `items` [n, ...] into slots 0..n-1."""
+    files: list[Any] = []
+    for slot, item in enumerate(items.split(1)):
+        np.save(tmp / f"item{slot}.npy", item.numpy())
+        np.save(tmp / f"slot{slot}.npy", np.array([slot], dtype=np.int64))
+        files += ["--input", tmp / f"item{slot}.npy", "--input", tmp / f"slot{slot}.npy"]
     done = run_runner("generate", pte, "--prompt", " ".join(map(str, ids[0].tolist())), "--max-new-tokens", new,
-                      "--prefill", "text_decoder", "--decode", "text_decoder", "--encoder", encoder,
-                      "--input", tmp / "item.npy", "--input", tmp / "slot.npy")
+                      "--prefill", "text_decoder", "--decode", "text_decoder", "--encoder", encoder, *files)
     assert done.returncode == 0, done.stderr
     return [int(t) for t in done.stdout.splitlines()[0].split()]
 
 
 def test_an_audio_file_generates_as_transformers_does(voxtral: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An audio file of 1.2 s: two windows of 0.8 s (the last padded), 20 placeholders."""
+    """An audio file of 1.2 s: two windows of 0.8 s (the last padded), 20 placeholders; the prompt's ids
+    as given, or made by Voxtral's processor (mistral-common's) from a text prompt or as a transcription
+    request."""
+    import transformers
+
     files = steps.run_all(typed(compose([*VOXTRAL, f"model.weights={voxtral}", *PORTABLE])), tmp_path / "build")  # type: ignore[arg-type]
     wav = _wav(tmp_path / "speech.wav", 1.2)
     windows = audio_windows(wav, voxtral, 80)
@@ -204,9 +271,35 @@ def test_an_audio_file_generates_as_transformers_does(voxtral: Path, tmp_path: P
     main([str(files["pte"]), "--audio", str(wav), "--prompt-ids", " ".join(map(str, ids[0].tolist())),
           "--model-folder", str(voxtral), "--max-new-tokens", "6"])
     assert capsys.readouterr().out.split() == [str(t) for t in want]  # no tokenizer in the folder: ids
+    chat = _with_chat_processor(voxtral, tmp_path / "chat")  # a text prompt: the folder's processor makes the ids
+    ids, windows = audio_inputs(wav, chat, 80, "what is said")
+    assert ids[0, :3].tolist() == [1, 3, 25] and int((ids == AUDIO_TOKEN).sum()) == 20 and len(windows) == 2
+    want = _transformers_tokens(voxtral, 6, input_ids=ids, input_features=torch.cat(windows))
+    assert media_generate(program, ids, windows, 6)[0, ids.shape[1]:].tolist() == want
+    main([str(files["pte"]), "--audio", str(wav), "--prompt", "what is said", "--model-folder", str(chat),
+          "--max-new-tokens", "6"])
+    assert capsys.readouterr().out.strip() == text(want, chat).strip()  # by the folder's tokenizer: mistral-common's
+    ids, windows = audio_inputs(wav, chat, 80, language="en")  # a transcription request: [TRANSCRIBE] after the audio
+    transcribe = transformers.MistralCommonBackend.from_pretrained(str(chat)).convert_tokens_to_ids("[TRANSCRIBE]")
+    assert ids[0, :3].tolist() == [1, 3, 25] and int((ids == AUDIO_TOKEN).sum()) == 20 and transcribe in ids[0].tolist()
+    want = _transformers_tokens(voxtral, 4, input_ids=ids, input_features=torch.cat(windows))
+    main([str(files["pte"]), "--audio", str(wav), "--transcribe", "--language", "en", "--model-folder", str(chat),
+          "--max-new-tokens", "4"])
+    assert capsys.readouterr().out.strip() == text(want, chat).strip()
+    for wrong, line in ((["--language", "en", "--prompt", "x"], "--language is the language --transcribe asks for"),
+                        (["--transcribe", "--image", str(wav)], "--transcribe transcribes audio")):
+        with pytest.raises(SystemExit):
+            main([str(files["pte"]), *wrong, *([] if "--image" in wrong else ["--audio", str(wav)]), "--model-folder", str(chat)])
+        assert f"error: {line}" in capsys.readouterr().err
+    with pytest.raises(InputError, match=r"--prompt or --transcribe with --audio: the folder's \w+ makes no prompt of audio "
+                                         r"\(Voxtral's does\); give the prompt as ids \(--prompt-ids\)"):
+        audio_inputs(wav, _siglip_processor(tmp_path / "siglip"), 80, "what is said")
 
 
-def test_what_a_multimodal_program_cannot_take_is_one_line(gemma: Path, voxtral: Path, tmp_path: Path) -> None:
+def test_what_a_multimodal_program_cannot_take_is_one_line(gemma: Path, voxtral: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from PIL import Image
+
     with pytest.raises(ConfigError, match=r"is a 'gemma3' model, which reads image: build it with model=image_text_decoder$"):
         _build(VOXTRAL, gemma)
     with pytest.raises(ConfigError, match=r"is a 'voxtral' model, which reads audio: build it with model=audio_text_decoder$"):
@@ -233,10 +326,22 @@ def test_what_a_multimodal_program_cannot_take_is_one_line(gemma: Path, voxtral:
         media_generate(program, ids, [torch.randn(1, 3, 16, 16)], 3)
     with pytest.raises(InputError, match=r"need 52 cache positions; the program's cache holds 48"):
         media_generate(program, ids, [torch.randn(1, 3, 32, 32)], 47)
-    done = run_runner("generate", files["pte"], "--prompt", "2 5 6", "--prefill", "text_decoder", "--decode", "text_decoder",
-                      "--encoder", "vision_encoder")
-    assert done.stderr.strip().splitlines()[-1] == ("pipeline-runner: the prompt holds 0 placeholder tokens (id 299); the "
-                                                    "item --encoder reads stands for 4: make the prompt with the model's processor")
+    np.save(tmp_path / "pixels.npy", pixels.numpy())
+    for slot in (0, 1):
+        np.save(tmp_path / f"slot{slot}.npy", np.array([slot], dtype=np.int64))
+    item = ["--input", tmp_path / "pixels.npy", "--input", tmp_path / "slot0.npy"]
+    for extra, line in (
+            ([], "--encoder vision_encoder takes 2 --input files per item, got 0: give each item's files in turn (its data, "
+                 "then its slot)"),
+            (item, "the prompt holds 0 placeholder tokens (id 299); the 1 item(s) --encoder reads stand for 4: make the "
+                   "prompt with the model's processor"),
+            ([*item, *item], f"two items --encoder reads go to one slot ({tmp_path / 'slot0.npy'}): give each item a slot of "
+                             "its own"),
+            ([*item, "--input", tmp_path / "pixels.npy", "--input", tmp_path / "slot1.npy"],
+             "method 'vision_encoder' input 1 holds 1, but the program takes values 0..0")):
+        done = run_runner("generate", files["pte"], "--prompt", "2 5 6", "--prefill", "text_decoder", "--decode",
+                          "text_decoder", "--encoder", "vision_encoder", *extra)
+        assert done.stderr.strip().splitlines()[-1].startswith(f"pipeline-runner: {line}"), done.stderr
     with pytest.raises(InputError, match=r"the prompt holds the program's image or audio placeholder token \(299\); run "
                                          r"it with pipeline.runtime.media"):
         generate(program, ids, 3, "text_decoder", "text_decoder")  # the rows would be of no item given
@@ -255,6 +360,15 @@ def test_what_a_multimodal_program_cannot_take_is_one_line(gemma: Path, voxtral:
     (plain / "chat_template.jinja").unlink()  # no chat template: the prompt follows the image's token
     ids, _ = image_inputs(tmp_path / "ok.png", plain, "w1")
     assert ids is not None and ids[0].tolist() == [297, *[IMAGE_TOKEN] * ROWS, 298, 4]
+    wide = Path(tmp_path / "wide.png")
+    Image.fromarray(np.zeros((300, 1100, 3), dtype=np.uint8)).save(wide)
+    ids, crops = image_inputs(wide, plain, "w1", pan_and_scan=True)  # no chat template: the processor's own text
+    assert ids is not None and int((ids == IMAGE_TOKEN).sum()) == ROWS * crops.shape[0] > ROWS
+    with pytest.raises(InputError, match=r"^--pan-and-scan: the folder's \w+ cuts no crops \(Gemma 3's does\); leave it out$"):
+        image_inputs(wide, _siglip_processor(tmp_path / "siglip"), "w1", pan_and_scan=True)
+    with pytest.raises(SystemExit):
+        main([str(files["pte"]), "--audio", "x.wav", "--pan-and-scan", "--prompt-ids", "1", "--model-folder", str(voxtral)])
+    assert "error: --pan-and-scan crops images: leave it out with --audio " in capsys.readouterr().err
     with pytest.raises(InputError, match=r"method 'vision_encoder' input 1 holds 1, but the program takes values 0..0"):
         program.method("vision_encoder").execute([pixels, torch.tensor([1])])  # a slot the program does not have
 

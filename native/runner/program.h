@@ -173,6 +173,13 @@ class Runner {
     return tensor.ok() ? tensor->nbytes() + (1 << 16) + 12 : 0;
   }
 
+  // How many inputs method `name` takes.
+  size_t num_inputs(const std::string& name) {
+    auto meta = program_->method_meta(name.c_str());
+    if (!meta.ok()) refuse(where_ + " has no method '" + name + "'");
+    return meta->num_inputs();
+  }
+
   // Whether the program has a method of that name (asked by name, ExecuTorch would log its absence).
   bool has_constant(const std::string& name) {
     for (size_t m = 0; m < program_->num_methods(); ++m) {

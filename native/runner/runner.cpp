@@ -18,8 +18,8 @@
 // milliseconds of N calls. `generate` prints the new token ids greedily chosen, then the first two
 // decode steps' milliseconds, the steady decode speed after them and the bytes the delegate copied per
 // steady step. With --encoder, that method runs first on the --input files (a multimodal program's
-// vision_encoder or audio_encoder: one image or window into the state's slot the inputs name), and
-// the prompt must hold the program's placeholder token once per row it wrote. The methods share the program's
+// vision_encoder or audio_encoder: each image or window into the state's slot its inputs name, the
+// files given item by item), and the prompt must hold the program's placeholder token once per row written. The methods share the program's
 // planned memory, so what prefill writes in the state decode reads; the delegate keeps that state on
 // the device. Inputs are checked against the program record (dtype, dims, values) before any run.
 // `transcribe` runs a Parakeet program (CTC, RNN-T or TDT) on padded log-mel features and the mask of
@@ -131,24 +131,41 @@ std::vector<Array> read_inputs(Runner& runner, const std::string& method, const 
   return inputs;
 }
 
-// A multimodal program's prompt holds its placeholder token once per row the encoder writes: as many
-// as one item's rows with --encoder, none without (checked before any method runs).
-void check_placeholders(Runner& runner, const Args& a, const std::vector<int64_t>& prompt) {
-  if (!runner.has_constant("placeholder_token_id")) {
-    if (!a.encoder.empty()) refuse("--encoder runs a multimodal program's encoder; this program has none");
-    return;
+// The items --encoder reads: its --input files in turns of the method's inputs, each turn one item
+// (an image or window and the slot its rows go to), all read and checked before any method runs;
+// two items of one slot would leave the first's rows unread.
+std::vector<std::vector<Array>> encoder_items(Runner& runner, const Args& a) {
+  const size_t arity = runner.num_inputs(a.encoder);
+  if (a.inputs.empty() || a.inputs.size() % arity != 0)
+    refuse("--encoder " + a.encoder + " takes " + std::to_string(arity) + " --input files per item, got " +
+           std::to_string(a.inputs.size()) + ": give each item's files in turn (its data, then its slot)");
+  std::vector<std::vector<Array>> items;
+  std::vector<std::vector<uint8_t>> slots;
+  for (size_t at = 0; at < a.inputs.size(); at += arity) {
+    items.push_back(read_inputs(runner, a.encoder, {a.inputs.begin() + at, a.inputs.begin() + at + arity}));
+    runner.check(a.encoder, items.back());
+    const auto& slot = items.back().back().data;
+    if (std::find(slots.begin(), slots.end(), slot) != slots.end())
+      refuse("two items --encoder reads go to one slot (" + a.inputs[at + arity - 1] + "): give each item a slot of its own");
+    slots.push_back(slot);
   }
+  return items;
+}
+
+// A multimodal program's prompt holds its placeholder token once per row the encoder writes: as many
+// as the items' rows with --encoder, none without (checked before any method runs).
+void check_placeholders(Runner& runner, const Args& a, const std::vector<int64_t>& prompt, size_t items) {
+  if (!runner.has_constant("placeholder_token_id")) return;  // --encoder on such a program is refused before
   const int64_t placeholder = runner.constant_int("placeholder_token_id");
-  const int64_t want = a.encoder.empty() ? 0 : runner.constant_int("media_rows");
+  const int64_t want = static_cast<int64_t>(items) * runner.constant_int("media_rows");
   const auto found = std::count(prompt.begin(), prompt.end(), placeholder);
   if (found != want)
     refuse("the prompt holds " + std::to_string(found) + " placeholder tokens (id " + std::to_string(placeholder) +
            "); " + (a.encoder.empty() ? std::string("without --encoder it holds none")
-                                      : "the item --encoder reads stands for " + std::to_string(want)) +
+                                      : "the " + std::to_string(items) + " item(s) --encoder reads stand for " +
+                                            std::to_string(want)) +
            ": make the prompt with the model's processor");
 }
-
-void run_encoder(Runner& runner, const Args& a) { runner.call(a.encoder, read_inputs(runner, a.encoder, a.inputs)); }
 
 int generate(Runner& runner, const Args& a) {
   std::vector<int64_t> prompt;
@@ -166,8 +183,11 @@ int generate(Runner& runner, const Args& a) {
     refuse("a prompt of " + std::to_string(prompt.size()) + " tokens and " + std::to_string(a.max_new_tokens) +
            " new ones need " + std::to_string(need) + " cache positions; the program's cache holds " +
            std::to_string(room) + " (shorten the prompt or generate fewer)");
-  check_placeholders(runner, a, prompt);
-  if (!a.encoder.empty()) run_encoder(runner, a);
+  if (!a.encoder.empty() && !runner.has_constant("placeholder_token_id"))
+    refuse("--encoder runs a multimodal program's encoder; this program has none");
+  const auto items = a.encoder.empty() ? std::vector<std::vector<Array>>{} : encoder_items(runner, a);
+  check_placeholders(runner, a, prompt, items.size());
+  for (const auto& item : items) runner.call(a.encoder, item);
   int64_t position = static_cast<int64_t>(prompt.size());
   int64_t token = argmax_last(runner.call_in_place(a.prefill, {ints(prompt, {1, position}), ints({0}, {1})}).get_output(0));
   std::printf("%lld", static_cast<long long>(token));

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,24 +18,35 @@ from pipeline.files import read_regular
 AUDIO_LIMIT = 1 << 30  # bytes of an audio file
 
 
+def samples(audio: str | Path) -> tuple[Any, int]:
+    """The samples of `audio` (its channels averaged, float32) and their rate, read by soundfile.
+
+    Raises:
+        InputError: the file is not audio soundfile reads.
+    """
+    import soundfile
+
+    data = read_regular(audio, "--audio", AUDIO_LIMIT, InputError)
+    try:
+        read, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+        raise InputError(f"{audio} is not an audio file soundfile reads ({first_line(exc)}); give a WAV, FLAC or OGG "
+                         "file") from None
+    return read.mean(axis=1), int(rate)
+
+
 def features(audio: str | Path, folder: str | Path, pad_to_frames: int | None = None) -> torch.Tensor:
-    """The log-mel features of `audio` (its channels averaged) as the feature extractor of the model
-    `folder` makes them; with `pad_to_frames`, the whole audio padded to a multiple of that many frames
-    (as Voxtral's processor pads it into 30 s windows), never cut.
+    """The log-mel features of `audio` (`samples`) as the feature extractor of the model `folder` makes
+    them; with `pad_to_frames`, the whole audio padded to a multiple of that many frames (as Voxtral's
+    processor pads it into 30 s windows), never cut.
 
     Raises:
         InputError: the file is not audio soundfile reads, the folder has no feature extractor, or the
             audio's sample rate is not the one the extractor takes.
     """
-    import soundfile
     import transformers
 
-    data = read_regular(audio, "--audio", AUDIO_LIMIT, InputError)
-    try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise InputError(f"{audio} is not an audio file soundfile reads ({first_line(exc)}); give a WAV, FLAC or OGG "
-                         "file") from None
+    mono, rate = samples(audio)
     try:
         extractor = transformers.AutoFeatureExtractor.from_pretrained(str(folder), local_files_only=True,
                                                                       trust_remote_code=False)
@@ -46,7 +58,7 @@ def features(audio: str | Path, folder: str | Path, pad_to_frames: int | None = 
                          f"{extractor.sampling_rate} Hz: resample it first")
     whole = {} if pad_to_frames is None else {"padding": True, "truncation": False,
                                               "pad_to_multiple_of": pad_to_frames * int(extractor.hop_length)}
-    made = extractor(samples.mean(axis=1), sampling_rate=rate, return_tensors="pt", **whole)
+    made = extractor(mono, sampling_rate=rate, return_tensors="pt", **whole)
     return made["input_features"].float()
 
 

@@ -82,6 +82,7 @@ def _steps(program: Program, prompt: torch.Tensor, max_new_tokens: int, prefill:
     with torch.no_grad(), stream:  # on the program's stream: no cross-stream waits per call
         start = torch.zeros(1, dtype=torch.int64, device=device)
         logits = first.execute([prompt.to(device=device, dtype=torch.int64), start], copy_outputs=False)[0]
+        token.resize_((1, 1))  # one method for both: its prompt took the token's memory, in the prompt's shape
         torch.argmax(logits[:, -1], dim=-1, keepdim=True, out=token)
         position.fill_(prompt.shape[1])
         for i in range(max_new_tokens):

@@ -5,6 +5,9 @@ holds the model's placeholder token once per row, as the folder's processor writ
 checked before the first method runs, so a refused call leaves the program's state as it was.
 
     python -m pipeline.runtime.media PROGRAM.pte --image photo.png --prompt "What is in it?" --model-folder FOLDER
+    python -m pipeline.runtime.media PROGRAM.pte --image wide.png --pan-and-scan --prompt "..." --model-folder FOLDER
+    python -m pipeline.runtime.media PROGRAM.pte --audio speech.wav --prompt "What is said?" --model-folder FOLDER
+    python -m pipeline.runtime.media PROGRAM.pte --audio speech.wav --transcribe --language en --model-folder FOLDER
     python -m pipeline.runtime.media PROGRAM.pte --audio speech.wav --prompt-ids "1 24 24 ..." --model-folder FOLDER
 """
 
@@ -80,13 +83,17 @@ def media_generate(program: Any, prompt: torch.Tensor, media: Sequence[torch.Ten
     return torch.cat([prompt.cpu(), torch.tensor([new], dtype=prompt.dtype)], dim=1)
 
 
-def image_inputs(image: str | Path, folder: str | Path, prompt: str | None) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The prompt's ids (None without a text prompt) and the image's pixels [1, 3, H, W], made by the
-    processor of the model `folder` from an image file Pillow reads. A text prompt goes through the
-    folder's chat template where it has one (the image first), else follows the image's token.
+def image_inputs(image: str | Path, folder: str | Path, prompt: str | None,
+                 pan_and_scan: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The prompt's ids (None without a text prompt) and the image's pixels [items, 3, H, W], made by the
+    processor of the model `folder` from an image file Pillow reads: one item, or with `pan_and_scan`
+    (Gemma 3) the image and the crops the processor cuts from it, each an item with its own placeholders.
+    A text prompt goes through the folder's chat template where it has one (the image first), else
+    follows the image's token.
 
     Raises:
-        InputError: the file is not an image Pillow reads, or the folder has no processor transformers loads.
+        InputError: the file is not an image Pillow reads, the folder has no processor transformers
+            loads, or `pan_and_scan` and its image processor cuts no crops.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -96,15 +103,23 @@ def image_inputs(image: str | Path, folder: str | Path, prompt: str | None) -> t
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise InputError(f"{image} is not an image Pillow reads ({first_line(exc)}); give a PNG, JPEG or WebP file") from None
     processor = _processor(folder)
-    if prompt is None:
+    crops = {}
+    if pan_and_scan:
+        images = getattr(processor, "image_processor", processor)
+        if not hasattr(images, "do_pan_and_scan"):
+            raise InputError(f"--pan-and-scan: the folder's {type(images).__name__} cuts no crops "
+                             "(Gemma 3's does); leave it out")
+        crops = {"do_pan_and_scan": True}  # the crops' sizes: the processor's own defaults, as transformers cuts them
+    if prompt is None and not crops:
         return None, processor.image_processor(picture, return_tensors="pt")["pixel_values"]
-    if getattr(processor, "chat_template", None):
+    if prompt is not None and getattr(processor, "chat_template", None):
         turn = [{"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": prompt}]}]
         made = processor.apply_chat_template(turn, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                             return_tensors="pt")
+                                             return_tensors="pt", processor_kwargs=crops)
     else:
-        made = processor(images=[picture], text=f"{processor.image_token} {prompt}", return_tensors="pt")
-    return made["input_ids"], made["pixel_values"]
+        text = processor.image_token if prompt is None else f"{processor.image_token} {prompt}"
+        made = processor(images=[picture], text=text, return_tensors="pt", **crops)
+    return (made["input_ids"] if prompt is not None else None), made["pixel_values"]
 
 
 def audio_windows(audio: str | Path, folder: str | Path, frames: int) -> list[torch.Tensor]:
@@ -114,6 +129,46 @@ def audio_windows(audio: str | Path, folder: str | Path, frames: int) -> list[to
 
     features = audio_files.features(audio, folder, pad_to_frames=frames)
     return list(features.split(frames, dim=-1))
+
+
+def audio_inputs(audio: str | Path, folder: str | Path, frames: int, prompt: str | None = None,
+                 language: str | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The prompt's ids and the audio's windows of `frames` (the encoder's), both made by the processor of
+    the model `folder` (Voxtral's, with mistral-common's encoding; the audio padded to whole windows,
+    never cut): a chat turn of the audio and the text `prompt`, or without one a transcription request
+    (in `language`, an ISO 639-1 code; without one the model tells the language).
+
+    Raises:
+        InputError: the folder's processor makes no such prompt, mistral-common is not installed, or the
+            processor refuses the audio (a sample rate it does not take, say).
+    """
+    import base64
+
+    from pipeline.runtime import audio as audio_files
+
+    processor = _processor(folder)
+    extractor = getattr(processor, "feature_extractor", None)
+    if extractor is None or not hasattr(processor, "apply_transcription_request"):
+        raise InputError(f"--prompt or --transcribe with --audio: the folder's {type(processor).__name__} makes no prompt "
+                         "of audio (Voxtral's does); give the prompt as ids (--prompt-ids), the placeholder once per row")
+    window = {"max_source_positions": frames, "pad_to_multiple_of": frames * int(extractor.hop_length)}
+    try:
+        if prompt is None:
+            mono, rate = audio_files.samples(audio)
+            made = processor.apply_transcription_request(audio=[mono], model_id=str(folder), language=language,
+                                                         sampling_rate=rate, format="WAV", audio_kwargs=window)
+        else:
+            data = read_regular(audio, "--audio", audio_files.AUDIO_LIMIT, InputError)
+            turn = [{"role": "user", "content": [{"type": "audio", "base64": base64.b64encode(data).decode()},
+                                                 {"type": "text", "text": prompt}]}]
+            made = processor.apply_chat_template(turn, tokenize=True, return_dict=True, return_tensors="pt",
+                                                 processor_kwargs={"audio_kwargs": window})
+    except ImportError as exc:
+        raise InputError(f"the folder's processor needs mistral-common ({first_line(exc)}): pip install "
+                         "'mistral-common[audio]', or give --prompt-ids") from None
+    except (ValueError, RuntimeError) as exc:
+        raise InputError(f"{audio}: the folder's processor refused it ({first_line(exc)})") from None
+    return made["input_ids"], list(made["input_features"].float().split(1))
 
 
 def _processor(folder: str | Path) -> Any:
@@ -129,12 +184,13 @@ def _processor(folder: str | Path) -> Any:
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.runtime.media PROGRAM.pte --image x.png --prompt "..." --model-folder F`: the
     folder's processor makes the image's pixels and the prompt's ids, the program generates greedily and
-    the text is printed with the tokenizer it carries (ids where it carries none). `--audio x.wav`:
-    the folder's feature extractor makes its windows; the prompt is given as ids (`--prompt-ids`),
-    holding the placeholder once per row."""
+    the text is printed with the tokenizer it carries (else the folder's; ids where neither has one). `--audio x.wav`:
+    the folder's processor makes its windows and the prompt's ids (Voxtral's: mistral-common's; with
+    `--transcribe`, its transcription request), or with `--prompt-ids` (the placeholder once per row) its feature extractor makes the windows."""
     import argparse
 
     from pipeline.cli import reported
+    from pipeline.runtime import audio as audio_files
     from pipeline.runtime import tokenizer
     from pipeline.runtime.executors import EXECUTORS, load_with
     from pipeline.runtime.generate import parse_prompt
@@ -145,32 +201,46 @@ def main(argv: list[str] | None = None) -> int:
     item = parser.add_mutually_exclusive_group(required=True)
     item.add_argument("--image", help="an image file (PNG, JPEG, ...)")
     item.add_argument("--audio", help="an audio file (WAV, FLAC, OGG)")
+    parser.add_argument("--pan-and-scan", action="store_true",
+                        help="with --image (Gemma 3): the image and the crops the processor cuts from it, each an item")
     prompt_arg = parser.add_mutually_exclusive_group(required=True)
-    prompt_arg.add_argument("--prompt", help="text (with --image), made into ids by the folder's processor")
+    prompt_arg.add_argument("--prompt", help="text, made into ids with the image or audio by the folder's processor")
     prompt_arg.add_argument("--prompt-ids", help="token ids, space-separated, the placeholder once per row")
+    prompt_arg.add_argument("--transcribe", action="store_true",
+                            help="with --audio (Voxtral): the folder's processor's transcription request")
+    parser.add_argument("--language", default=None, help="with --transcribe: the audio's language (ISO 639-1, e.g. en)")
     parser.add_argument("--model-folder", required=True, help="the model folder the program was built from")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--runtime", choices=EXECUTORS, default="pipeline")
     args = parser.parse_args(argv)
     with reported():
-        if args.audio is not None and args.prompt is not None:
-            raise InputError("--audio takes --prompt-ids: a text prompt for audio needs the model's own chat processor "
-                             "(Voxtral's is mistral-common's), which this command does not run")
+        if args.audio is not None and args.pan_and_scan:
+            raise InputError("--pan-and-scan crops images: leave it out with --audio")
+        if args.image is not None and args.transcribe:
+            raise InputError("--transcribe transcribes audio: give --audio, or --prompt with --image")
+        if args.language is not None and not args.transcribe:
+            raise InputError("--language is the language --transcribe asks for: give --transcribe too")
         program = load_with(args.runtime, args.pte, args.ptd)
         kind = media_of(program)
         if kind != ("image" if args.image is not None else "audio"):
             raise InputError(f"the program reads {kind}: give --{kind}")
         if args.image is not None:
-            ids, pixels = image_inputs(args.image, args.model_folder, args.prompt)
+            ids, pixels = image_inputs(args.image, args.model_folder, args.prompt, args.pan_and_scan)
             media = list(pixels.split(1))
+        elif args.prompt_ids is None:
+            ids, media = audio_inputs(args.audio, args.model_folder, int(program.constant(FRAMES)), args.prompt, args.language)
         else:
             ids = None
             media = audio_windows(args.audio, args.model_folder, int(program.constant(FRAMES)))
         prompt = ids if ids is not None else parse_prompt(args.prompt_ids)
         tokens = media_stream(program, prompt, media, args.max_new_tokens)
-        text = tokenizer.of_program(program) if tokenizer.METHOD in program.constant_names else None
-        for piece in text.stream(tokens) if text is not None else (f"{t} " for t in tokens):
-            print(piece, end="", flush=True)
+        if tokenizer.METHOD in program.constant_names:
+            for piece in tokenizer.of_program(program).stream(tokens):
+                print(piece, end="", flush=True)
+        else:  # the folder's tokenizer where it has one (Voxtral's is mistral-common's), else the ids
+            new = list(tokens)
+            words = audio_files.text(new, args.model_folder)
+            print(words if words is not None else " ".join(map(str, new)), end="")
     print()
     return 0
 
