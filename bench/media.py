@@ -1,6 +1,7 @@
-"""Multimodal benchmark (GPU): a program of `model=image_text_decoder` (Gemma 3) or
-`model=audio_text_decoder` (Voxtral), built by the pipeline from a model folder of random weights
-that transformers saved (fp16), against eager `transformers` and `torch.compile` on the same weights.
+"""Multimodal and speech benchmark (GPU): a program of `model=image_text_decoder` (Gemma 3),
+`model=audio_text_decoder` (Voxtral) or `model=parakeet` (Parakeet CTC, its encoder alone), built by
+the pipeline from a model folder of random weights that transformers saved (fp16), against eager
+`transformers` and `torch.compile` on the same weights.
 
 Per variant: the encoder's latency (one image, or one 30 s window: median and p90 of timed calls,
 `bench.benchmark.timed`), and decode tokens/s after a prompt (`bench.llm.tokens_per_s`: a step, the
@@ -8,7 +9,9 @@ argmax on the device, one token read back); for our program also the teacher-for
 decoder against eager `transformers` (`bench.llm.teacher_forced`). The sizes are the families' own
 encoders (Gemma 3's SigLIP at 896 px; Voxtral Mini's Whisper-large encoder, fewer layers) before a
 text decoder of fewer layers and a smaller vocabulary than the released models (so that a build takes
-about a minute). Prints JSON rows; `--out` writes `media-<family>.json`.
+about a minute); Parakeet's are parakeet-ctc-0.6b's (transformers' defaults), on 30 s of features, its
+CTC logits' error against eager `transformers` reported. Prints JSON rows; `--out` writes
+`media-<family>.json`.
 
     python -m bench.media --family gemma3 --out results/
 """
@@ -43,6 +46,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
                 "audio": {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 8,
                           "num_attention_heads": 20, "num_mel_bins": 128, "max_source_positions": 1500},
                 "text": {**TEXT, "model_type": "llama"}},
+    "parakeet": {"config": "parakeet", "encoder": "encoder", "item": (1, 3000, 80)},  # 30 s of 80 mels
 }
 
 
@@ -56,9 +60,11 @@ def folder(family: str, path: Path) -> Path:
         config = transformers.Gemma3Config(text_config=sizes["text"], vision_config=sizes["vision"], mm_tokens_per_image=256,
                                            image_token_id=262, boi_token_index=261, eoi_token_index=263)
         model = transformers.Gemma3ForConditionalGeneration(config)
-    else:
+    elif family == "voxtral":
         config = transformers.VoxtralConfig(audio_config=sizes["audio"], text_config=sizes["text"], audio_token_id=24)
         model = transformers.VoxtralForConditionalGeneration(config)
+    else:
+        model = transformers.ParakeetForCTC(transformers.ParakeetCTCConfig())
     model.to(torch.float16).save_pretrained(path)
     return path
 
@@ -76,9 +82,10 @@ def main() -> None:
     spec = FAMILIES[args.family]
     work = Path(tempfile.mkdtemp())
     shape = list(spec["item"])
+    speech = "text" not in spec  # an encoder alone
     overrides = [f"model={spec['config']}", f"model.weights={folder(args.family, work / 'folder')}", "compile=fp16",
-                 "cache=off", f"model.kwargs.max_cache_len={args.prompt + args.steps + 16}",
-                 f"model.methods.{spec['encoder']}.inputs.0.shape={shape}"]
+                 "cache=off", f"model.methods.{spec['encoder']}.inputs.0.shape={shape}",
+                 *([] if speech else [f"model.kwargs.max_cache_len={args.prompt + args.steps + 16}"])]
     results: dict[str, Any] = {"command": f"python -m bench.media --family {args.family}", "date": time.strftime("%Y-%m-%d"),
                                "family": args.family, "gpu": torch.cuda.get_device_name(), "config": overrides[:1] + overrides[2:]}
     start = time.perf_counter()
@@ -90,18 +97,38 @@ def main() -> None:
     program = load(files["pte"], options=RuntimeOptions(method_graph=True))
     model.cuda()
     item = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).cuda()
-    slot = torch.zeros(1, dtype=torch.int64, device="cuda")
-    encoder, decoder = program.method(spec["encoder"]), program.method("text_decoder")
+    second = torch.ones(shape[:2], dtype=torch.int64, device="cuda") if speech else torch.zeros(1, dtype=torch.int64, device="cuda")
+    encoder = program.method(spec["encoder"])  # (features, mask) for speech, else (item, slot)
     eager_encoder = getattr(model, spec["encoder"])
     half = item.half()
-    variants = [Variant("ours (method graph)", lambda: encoder.execute([item, slot], copy_outputs=False), encoder.stream),
-                Variant("eager transformers", lambda: eager_encoder(half, slot))]
+    variants = [Variant("ours (method graph)", lambda: encoder.execute([item, second], copy_outputs=False), encoder.stream),
+                Variant("eager transformers", lambda: eager_encoder(half, second))]
     if not args.no_compile:
         compiled_encoder = torch.compile(eager_encoder, mode="reduce-overhead")
-        variants.append(Variant("torch.compile (CUDA graphs)", lambda: compiled_encoder(half, slot)))
+        variants.append(Variant("torch.compile (CUDA graphs)", lambda: compiled_encoder(half, second)))
     with torch.no_grad():
         guarded(results, "encoder", lambda: (timed(variants, Timing(iters=30, warmup=5, block=10)),
                                              [{"variant": v.name, **_row(v)} for v in variants])[1])
+        if speech:
+            guarded(results, "encoder_max_rel_err", lambda: _relative_error(encoder.execute([item, second])[0],
+                                                                            eager_encoder(half, second)[0]))
+    if not speech:
+        results["decode"] = _decode(args, program, model, results)
+    print(json.dumps(results, indent=1))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"media-{args.family}.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+def _relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest error relative to the reference's range."""
+    reference = reference.float()
+    return float((ours.float() - reference).abs().max() / (reference.max() - reference.min()).clamp_min(1e-6))
+
+
+def _decode(args: argparse.Namespace, program: Any, model: Any, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Decode tokens/s of our text decoder, eager transformers and torch.compile; the teacher-forced error."""
+    decoder = program.method("text_decoder")
     vocab = int(TEXT["vocab_size"])
     token = torch.zeros(1, 1, dtype=torch.int64, device="cuda")
     position = torch.zeros(1, dtype=torch.int64, device="cuda")
@@ -120,11 +147,7 @@ def main() -> None:
             rows.append(row)
         guarded(results, "teacher_forced", lambda: teacher_forced(steps["ours (method graph)"], model.step, args.prompt,
                                                                   args.steps, vocab))
-    results["decode"] = rows
-    print(json.dumps(results, indent=1))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"media-{args.family}.json").write_text(json.dumps(results, indent=1) + "\n")
+    return rows
 
 
 if __name__ == "__main__":
