@@ -19,9 +19,9 @@
 // decode steps' milliseconds, the steady decode speed after them and the bytes the delegate copied per
 // steady step. With --encoder, that method runs first on the --input files (a multimodal program's
 // vision_encoder or audio_encoder: each image or window into the state's slot its inputs name, the
-// files given item by item), and the prompt must hold the program's placeholder token once per row written. The methods share the program's
-// planned memory, so what prefill writes in the state decode reads; the delegate keeps that state on
-// the device. Inputs are checked against the program record (dtype, dims, values) before any run.
+// files given item by item), and the prompt must hold the program's placeholder token once per row
+// written. The methods share the program's planned memory, so what prefill writes in the state decode
+// reads; the delegate keeps that state on the device. Inputs are checked against the program record (dtype, dims, values) before any run.
 // `transcribe` runs a Parakeet program (CTC, RNN-T or TDT) on padded log-mel features and the mask of
 // the utterance's frames, decodes greedily as pipeline.runtime.speech does, and prints the token ids.
 // Every refusal is one line on stderr and exit status 1.
