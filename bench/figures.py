@@ -97,7 +97,7 @@ RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "reference-gpu": ("reference-gpu.json", _reference_gpu),
     "media-gemma3": ("media-gemma3-2026-12-07.json", _media),
     "media-voxtral": ("media-voxtral-2026-12-07.json", _media),
-    "decode-kernels": ("decode-kernels-2026-12-07.json", _decode_kernels),
+    "decode-kernels": ("decode-kernels-2026-12-07b.json", _decode_kernels),
 }
 
 
