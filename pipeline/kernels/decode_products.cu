@@ -1,9 +1,11 @@
 // The decode step's products as kernels of this project: y[T, N] = x[T, K] @ W[N, K]^T (+ bias) for
 // T = 1 to 8 tokens, W stored as fp16, int4 (groups along K) or fp8, read once at the memory's speed.
 //
-// One warp computes one output row: its lanes stride over the row in 16-byte chunks (8 fp16, 32 int4
-// or 16 fp8 values), multiply them with every token's x and keep T partial sums in float, which the
-// warp then adds. Weight layouts (pipeline/kernels/formats.py writes them):
+// One warp computes `rows` output rows (1 for fp16, 4 for int4 and fp8): its lanes stride over them in
+// 16-byte chunks (8 fp16, 32 int4 or 16 fp8 values), read and convert each chunk's x once for those
+// rows, and keep rows x T partial sums in float, which the warp then adds. Per token, int4 and fp8 do
+// the x work of 32 and 16 weights for every 16 bytes of them, fp16 that of 8: sharing it between rows
+// keeps that work off the weights' reading. Weight layouts (pipeline/kernels/formats.py writes them):
 //   fp16  W: [N, K] fp16.
 //   int4  W: [N, K/2] bytes, k = 2j in byte j's low nibble and 2j+1 in its high one, each nibble
 //         q + 8 for q in [-8, 7]; scales: [N, K/group] fp16 (group a multiple of 32).
@@ -16,6 +18,7 @@
 #ifdef __CUDACC_RTC__
 #include <cuda_fp16.h>
 #define DP_INLINE __device__ __forceinline__
+#define DP_UNROLL _Pragma("unroll")  // every loop of constant count in a chunk: its arrays stay in registers
 typedef unsigned int u32;
 typedef unsigned short u16;
 DP_INLINE float h2f(u16 bits) { return __half2float(__ushort_as_half(bits)); }
@@ -30,6 +33,7 @@ DP_INLINE Chunk load16(const void* p) {
 #else
 #include <cstring>
 #define DP_INLINE inline
+#define DP_UNROLL
 typedef unsigned int u32;
 typedef unsigned short u16;
 inline float h2f(u16 bits) { _Float16 h; std::memcpy(&h, &bits, 2); return static_cast<float>(h); }
@@ -40,12 +44,13 @@ inline Chunk load16(const void* p) { Chunk c; std::memcpy(c.w, p, 16); return c;
 #endif
 
 enum { kFp16 = 0, kInt4 = 1, kFp8 = 2 };
-enum { kWarp = 32, kRowsPerBlock = 4 };
+enum { kWarp = 32, kWarpsPerBlock = 4 };
 
+// Per format: values in a 16-byte chunk, bytes per value (num / den), rows a warp computes.
 template <int F> struct Format;
-template <> struct Format<kFp16> { enum { values = 8, row_bytes_num = 2, row_bytes_den = 1 }; };
-template <> struct Format<kInt4> { enum { values = 32, row_bytes_num = 1, row_bytes_den = 2 }; };
-template <> struct Format<kFp8> { enum { values = 16, row_bytes_num = 1, row_bytes_den = 1 }; };
+template <> struct Format<kFp16> { enum { values = 8, row_bytes_num = 2, row_bytes_den = 1, rows = 1 }; };
+template <> struct Format<kInt4> { enum { values = 32, row_bytes_num = 1, row_bytes_den = 2, rows = 4 }; };
+template <> struct Format<kFp8> { enum { values = 16, row_bytes_num = 1, row_bytes_den = 1, rows = 4 }; };
 
 struct Args {
   const u16* x;
@@ -65,21 +70,23 @@ DP_INLINE void x8(const Args& a, int t, int k0, float out[8]) {
   }
 }
 
-// One chunk's 8 .. 32 weights as float (before any scale).
+// Part `part` (8 values) of one chunk's weights as float (before any scale).
 template <int F>
-DP_INLINE void weights(const Chunk& c, float v[Format<F>::values]) {
-  for (int i = 0; i < 4; ++i) {
-    u32 word = c.w[i];
-    if (F == kFp16) {
-      v[2 * i] = h2f(static_cast<u16>(word & 0xffffu));
-      v[2 * i + 1] = h2f(static_cast<u16>(word >> 16));
-    } else if (F == kInt4) {
-      // 2^23 + q as a float's bits (exact), less 2^23 + 8: q - 8 without an integer-to-float conversion,
-      // which runs at a fraction of the FMA rate and bounds the kernel.
-      for (int j = 0; j < 8; ++j) v[8 * i + j] = bits_float(0x4B000000u | ((word >> (4 * j)) & 0xfu)) - 8388616.0f;
-    } else {
-      // e4m3 byte -> the fp16 with the same sign, exponent and mantissa bits: the value times 2^-8
-      // (normal and subnormal alike); the 2^8 goes into the row's scale.
+DP_INLINE void weights8(const Chunk& c, int part, float v[8]) {
+  if (F == kFp16) {
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = h2f(static_cast<u16>(c.w[i] & 0xffffu));
+      v[2 * i + 1] = h2f(static_cast<u16>(c.w[i] >> 16));
+    }
+  } else if (F == kInt4) {
+    // 2^23 + q as a float's bits (exact), less 2^23 + 8: q - 8 without an integer-to-float conversion.
+    const u32 word = c.w[part];
+    for (int j = 0; j < 8; ++j) v[j] = bits_float(0x4B000000u | ((word >> (4 * j)) & 0xfu)) - 8388616.0f;
+  } else {
+    // e4m3 byte -> the fp16 with the same sign, exponent and mantissa bits: the value times 2^-8
+    // (normal and subnormal alike); the 2^8 goes into the row's scale.
+    for (int i = 0; i < 2; ++i) {
+      const u32 word = c.w[2 * part + i];
       for (int j = 0; j < 4; ++j) {
         u32 b = (word >> (8 * j)) & 0xffu;
         v[4 * i + j] = h2f(static_cast<u16>(((b & 0x80u) << 8) | ((b & 0x7fu) << 7)));
@@ -88,31 +95,42 @@ DP_INLINE void weights(const Chunk& c, float v[Format<F>::values]) {
   }
 }
 
-// A lane's partial sums of row `row` for every token: chunks lane, lane + 32, ...
+// A lane's partial sums of rows row0 .. row0 + rows - 1 (those below n) for every token: chunks lane,
+// lane + 32, ...; each chunk's x read and converted once for all of them.
 template <int T, int F>
-DP_INLINE void lane_sums(const Args& a, int row, int lane, float acc[T]) {
-  const int values = Format<F>::values;
+DP_INLINE void lane_sums(const Args& a, int row0, int lane, float acc[Format<F>::rows][T]) {
+  const int R = Format<F>::rows, values = Format<F>::values;
   const long row_bytes = static_cast<long>(a.k) * Format<F>::row_bytes_num / Format<F>::row_bytes_den;
-  const unsigned char* w = a.w + row * row_bytes;
-  const int chunks = a.k / values;
-  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  const int chunks = a.k / values, live = a.n - row0 < R ? a.n - row0 : R;
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
 #ifdef __CUDACC_RTC__
-#pragma unroll 4
+#pragma unroll(4 / Format<F>::rows)
 #endif
   for (int c = lane; c < chunks; c += kWarp) {
-    float v[values];
-    weights<F>(load16(w + c * 16), v);
-    float scale = 1.0f;
-    if (F == kInt4) scale = h2f(static_cast<const u16*>(a.scales)[static_cast<long>(row) * (a.k / a.group) + c * values / a.group]);
-    for (int t = 0; t < T; ++t) {
-      float sum = 0.0f;
-      for (int part = 0; part < values / 8; ++part) {
-        float xs[8];
-        x8(a, t, c * values + part * 8, xs);
-        for (int i = 0; i < 8; ++i) sum += v[part * 8 + i] * xs[i];
-      }
-      acc[t] += scale * sum;
+    Chunk w[R];
+    float scale[R], sums[R][T];
+    for (int r = 0; r < R; ++r) {
+      if (r < live) w[r] = load16(a.w + (row0 + r) * row_bytes + c * 16);
+      scale[r] = F == kInt4 && r < live
+                     ? h2f(static_cast<const u16*>(a.scales)[static_cast<long>(row0 + r) * (a.k / a.group) + c * values / a.group])
+                     : 1.0f;
+      for (int t = 0; t < T; ++t) sums[r][t] = 0.0f;
     }
+    DP_UNROLL for (int part = 0; part < values / 8; ++part) {
+      float xs[T][8];
+      DP_UNROLL for (int t = 0; t < T; ++t) x8(a, t, c * values + part * 8, xs[t]);
+      DP_UNROLL for (int r = 0; r < R; ++r) {
+        if (r < live) {
+          float v[8];
+          weights8<F>(w[r], part, v);
+          DP_UNROLL for (int t = 0; t < T; ++t)
+            DP_UNROLL for (int i = 0; i < 8; ++i) sums[r][t] += v[i] * xs[t][i];
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] += scale[r] * sums[r][t];
   }
 }
 
@@ -129,18 +147,21 @@ DP_INLINE void finish(const Args& a, int row, const float acc[T]) {
 #ifdef __CUDACC_RTC__
 template <int T, int F>
 __device__ void product(const Args& a) {
+  const int R = Format<F>::rows;
   const int lane = threadIdx.x % kWarp;
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
-  if (row >= a.n) return;
-  float acc[T];
-  lane_sums<T, F>(a, row, lane, acc);
-  for (int t = 0; t < T; ++t)
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], offset);
-  if (lane == 0) finish<T, F>(a, row, acc);
+  const int row0 = (blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp) * R;
+  if (row0 >= a.n) return;
+  float acc[R][T];
+  lane_sums<T, F>(a, row0, lane, acc);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], offset);
+  if (lane == 0)
+    for (int r = 0; r < R && row0 + r < a.n; ++r) finish<T, F>(a, row0 + r, acc[r]);
 }
 
 #define DP_KERNEL(NAME, T, F)                                                                        \
-  extern "C" __global__ void __launch_bounds__(kWarp * kRowsPerBlock)                               \
+  extern "C" __global__ void __launch_bounds__(kWarp * kWarpsPerBlock)                              \
   NAME(const u16* x, const unsigned char* w, const void* scales, const u16* bias, u16* y, int n,     \
        int k, int group) {                                                                          \
     Args a = {x, w, scales, bias, y, n, k, group};                                                  \
@@ -156,14 +177,16 @@ DP_TOKENS(dp_fp8, kFp8)
 #else
 template <int T, int F>
 void host_product(const Args& a) {
-  for (int row = 0; row < a.n; ++row) {
-    float total[T] = {};
+  const int R = Format<F>::rows;
+  for (int row0 = 0; row0 < a.n; row0 += R) {
+    float total[R][T] = {};
     for (int lane = 0; lane < kWarp; ++lane) {
-      float acc[T];
-      lane_sums<T, F>(a, row, lane, acc);
-      for (int t = 0; t < T; ++t) total[t] += acc[t];
+      float acc[R][T];
+      lane_sums<T, F>(a, row0, lane, acc);
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) total[r][t] += acc[r][t];
     }
-    finish<T, F>(a, row, total);
+    for (int r = 0; r < R && row0 + r < a.n; ++r) finish<T, F>(a, row0 + r, total[r]);
   }
 }
 
@@ -184,6 +207,11 @@ int host_tokens(const Args& a, int tokens) {
 
 // The kernels' arithmetic on the CPU, lane by lane (the tests' check): 0, or -1 for an unknown format
 // or token count.
+// Rows one warp computes in a format (the launch's grid follows it: pipeline/kernels/formats.py).
+extern "C" int dp_rows(int format) {
+  return format == kFp16 ? Format<kFp16>::rows : format == kInt4 ? Format<kInt4>::rows : format == kFp8 ? Format<kFp8>::rows : -1;
+}
+
 extern "C" int dp_host(int format, int tokens, const u16* x, const unsigned char* w, const void* scales,
                        const u16* bias, u16* y, int n, int k, int group) {
   Args a = {x, w, scales, bias, y, n, k, group};

@@ -89,5 +89,5 @@ def product(module: Module, x: torch.Tensor, weight: PackedWeight, out: torch.Te
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(weight.weight.data_ptr()), ctypes.c_void_p(scales),
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0), ctypes.c_void_p(out.data_ptr()),
             ctypes.c_int(weight.n), ctypes.c_int(weight.k), ctypes.c_int(weight.group)]
-    module.launch(formats.kernel_name(weight.format, tokens), formats.grid(weight.n), formats.THREADS, args, stream)
+    module.launch(formats.kernel_name(weight.format, tokens), formats.grid(weight.n, weight.format), formats.THREADS, args, stream)
     return out

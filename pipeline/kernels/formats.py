@@ -8,11 +8,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-# Format name -> (the kernels' format id, values per 16-byte chunk, stored bytes per value x 2).
-FORMATS = {"fp16": (0, 8, 4), "int4": (1, 32, 1), "fp8": (2, 16, 2)}
+# Format name -> (the kernels' format id, values per 16-byte chunk, stored bytes per value x 2, output
+# rows one warp computes).
+FORMATS = {"fp16": (0, 8, 4, 1), "int4": (1, 32, 1, 4), "fp8": (2, 16, 2, 4)}
 MAX_TOKENS = 8  # the kernels take 1 to 8 tokens
-ROWS_PER_BLOCK = 4  # output rows per thread block (one warp each)
-THREADS = 32 * ROWS_PER_BLOCK
+WARPS_PER_BLOCK = 4
+THREADS = 32 * WARPS_PER_BLOCK
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,6 @@ def kernel_name(format: str, tokens: int) -> str:
     return f"dp_{format}_t{tokens}"
 
 
-def grid(n: int) -> int:
-    """Thread blocks of `THREADS` threads for `n` output rows."""
-    return -(-n // ROWS_PER_BLOCK)
+def grid(n: int, format: str) -> int:
+    """Thread blocks of `THREADS` threads for `n` output rows of `format`."""
+    return -(-n // (WARPS_PER_BLOCK * FORMATS[format][3]))

@@ -130,5 +130,5 @@ def _kernel_step(call: torch.fx.Node, constants: dict[str, Any], names: dict[tor
         raise BlobFormatError(f"kernel call {call.name} takes {value.dtype}; the kernels take float16")
     return plan.KernelStep(formats.kernel_name(packed.format, tokens), module, packed_weight,
                            stored(scales, plan.WEIGHT_PREFIX), stored(bias, plan.WEIGHT_PREFIX), packed.n, packed.k,
-                           packed.group, formats.grid(packed.n), formats.THREADS, (names[x],),
+                           packed.group, formats.grid(packed.n, packed.format), formats.THREADS, (names[x],),
                            (_value(call, names, produced, values),))

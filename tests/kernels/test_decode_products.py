@@ -53,6 +53,15 @@ def test_the_kernels_compute_their_reference_on_the_cpu(host: ctypes.CDLL, forma
     assert torch.allclose(y.float(), ref, rtol=1e-3, atol=1e-3 * ref.abs().max().item()), (y.float() - ref).abs().max()
 
 
+def test_the_launch_covers_the_rows_the_kernels_compute(host: ctypes.CDLL) -> None:
+    """A warp's rows are the kernel's (its source's) and the grid's (formats): every row, no block idle."""
+    for name, (format_id, _, _, rows) in formats.FORMATS.items():
+        assert host.dp_rows(format_id) == rows, name
+        per_block = formats.WARPS_PER_BLOCK * rows
+        for n in (1, 3, 4, 37, 256, 5632):
+            assert (formats.grid(n, name) - 1) * per_block < n <= formats.grid(n, name) * per_block
+
+
 @pytest.mark.parametrize("format", ["int4", "fp8"])
 def test_packed_weights_are_the_engines_rounding(format: str) -> None:
     weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
