@@ -184,9 +184,10 @@ def _processor(folder: str | Path) -> Any:
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.runtime.media PROGRAM.pte --image x.png --prompt "..." --model-folder F`: the
     folder's processor makes the image's pixels and the prompt's ids, the program generates greedily and
-    the text is printed with the tokenizer it carries (else the folder's; ids where neither has one). `--audio x.wav`:
-    the folder's processor makes its windows and the prompt's ids (Voxtral's: mistral-common's; with
-    `--transcribe`, its transcription request), or with `--prompt-ids` (the placeholder once per row) its feature extractor makes the windows."""
+    the text is printed with the tokenizer it carries (else the folder's; ids where neither has one).
+    `--audio x.wav`: the folder's processor makes its windows and the prompt's ids (Voxtral's:
+    mistral-common's; with `--transcribe`, its transcription request), or with `--prompt-ids` (the
+    placeholder once per row) its feature extractor makes the windows."""
     import argparse
 
     from pipeline.cli import reported
