@@ -30,6 +30,7 @@ import torch
 
 from pipeline.config import objects
 from pipeline.config.compose import compose, typed
+from pipeline.coverage.suite import first_output
 from pipeline.delegate import blob, pte
 from pipeline.errors import RuntimeUnavailableError
 from pipeline.runtime import executorch_runtime, load
@@ -267,6 +268,12 @@ def main() -> None:
     print(table)
     if args.out:
         args.out.write_text(table + "\n")
+
+
+def rel_error(out: Any, ref: Any) -> float:
+    """Largest absolute error relative to the reference's largest magnitude (first outputs)."""
+    got, want = first_output(out), first_output(ref)
+    return float(((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-12)).item())
 
 
 if __name__ == "__main__":

@@ -47,10 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import onnx_reference
-from bench.benchmark import Timing, Variant, graph_call, kernel_profile, timed  # noqa: E402
+from bench.benchmark import Timing, Variant, graph_call, kernel_profile, rel_error, timed  # noqa: E402
 from pipeline.cli import reported  # noqa: E402
 from pipeline.coverage.run import entry_config, kept_row, row_key, run_suite, suite_config  # noqa: E402
-from pipeline.coverage.suite import Entry, first_output, select  # noqa: E402
+from pipeline.coverage.suite import Entry, select  # noqa: E402
 from pipeline.files import write_bytes, write_json  # noqa: E402
 
 log = logging.getLogger("bench.coverage_gpu")
@@ -133,15 +133,15 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, other_inputs: Any, pte_pa
         options = RuntimeOptions(cuda_graph=True) if row["lowered_whole"] else RuntimeOptions(method_graph=True)
         ours_program = load(pte_path, ptd if ptd.exists() else None, options=options)
         method = ours_program.method("forward")
-        rel = _rel_error(method.execute(inputs), ref)
+        rel = rel_error(method.execute(inputs), ref)
     # eager_tf32_error: how far PyTorch's own default (TF32) execution is from strict fp32, the
     # model's sensitivity to TF32 with these weights.
     # input_sensitivity: how far eager's output on a second input is from `ref`. An output that moves
     # less than the tolerance from one input to another (a constant head, vanishing activations) would
     # match an engine that got the layers before it wrong: such a model is not counted as correct.
-    sensitivity = _rel_error(other, ref)
+    sensitivity = rel_error(other, ref)
     result: dict[str, Any] = {"rel_error": rel, "correct": rel <= tolerance < sensitivity, "tolerance": tolerance,
-                              "eager_tf32_error": _rel_error(loose, ref), "input_sensitivity": sensitivity}
+                              "eager_tf32_error": rel_error(loose, ref), "input_sensitivity": sensitivity}
     file = ours_program.file  # the file load() read and checked
     calls = [c for c in pte.delegate_calls(file.program) if c.backend == blob.BACKEND_ID]
     stream = torch.cuda.Stream()
@@ -175,7 +175,7 @@ def _measure_on_gpu(host_model: Any, host_inputs: Any, other_inputs: Any, pte_pa
         with torch.no_grad():
             outs = theirs()
             stream.synchronize()  # the engine ran on `stream`: read its outputs once it is done
-            result["onnx_rel_error"] = _rel_error(outs, ref)
+            result["onnx_rel_error"] = rel_error(outs, ref)
     else:
         error = folder / "onnx.error"
         result["onnx_error"] = error.read_text() if error.exists() else "no ONNX engine"
@@ -186,12 +186,6 @@ def _calls(fn: Any, stream: Any, n: int) -> None:
     for _ in range(n):
         fn()
     stream.synchronize()
-
-
-def _rel_error(out: Any, ref: Any) -> float:
-    """Largest absolute error relative to the reference's largest magnitude (first outputs)."""
-    got, want = first_output(out), first_output(ref)
-    return float(((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-12)).item())
 
 
 @contextmanager

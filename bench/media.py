@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from bench.benchmark import Timing, Variant, _row, timed
+from bench.benchmark import Timing, Variant, _row, rel_error, timed
 from bench.llm import guarded, teacher_forced, tokens_per_s
 from pipeline.config import objects
 from pipeline.config.compose import compose, typed
@@ -110,20 +110,14 @@ def main() -> None:
         guarded(results, "encoder", lambda: (timed(variants, Timing(iters=30, warmup=5, block=10)),
                                              [{"variant": v.name, **_row(v)} for v in variants])[1])
         if speech:
-            guarded(results, "encoder_max_rel_err", lambda: _relative_error(encoder.execute([item, second])[0],
-                                                                            eager_encoder(half, second)[0]))
+            guarded(results, "encoder_max_rel_err", lambda: rel_error(encoder.execute([item, second]),
+                                                                      eager_encoder(half, second)))
     if not speech:
         results["decode"] = _decode(args, program, model, results)
     print(json.dumps(results, indent=1))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"media-{args.family}.json").write_text(json.dumps(results, indent=1) + "\n")
-
-
-def _relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
-    """The largest error relative to the reference's range."""
-    reference = reference.float()
-    return float((ours.float() - reference).abs().max() / (reference.max() - reference.min()).clamp_min(1e-6))
 
 
 def _decode(args: argparse.Namespace, program: Any, model: Any, results: dict[str, Any]) -> list[dict[str, Any]]:

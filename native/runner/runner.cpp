@@ -187,7 +187,7 @@ int generate(Runner& runner, const Args& a) {
     refuse("--encoder runs a multimodal program's encoder; this program has none");
   const auto items = a.encoder.empty() ? std::vector<std::vector<Array>>{} : encoder_items(runner, a);
   check_placeholders(runner, a, prompt, items.size());
-  for (const auto& item : items) runner.call(a.encoder, item);
+  for (const auto& item : items) runner.call_in_place(a.encoder, item);  // its rows stay in the state
   int64_t position = static_cast<int64_t>(prompt.size());
   int64_t token = argmax_last(runner.call_in_place(a.prefill, {ints(prompt, {1, position}), ints({0}, {1})}).get_output(0));
   std::printf("%lld", static_cast<long long>(token));

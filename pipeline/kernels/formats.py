@@ -5,12 +5,20 @@ stands for (the kernels' reference)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
-# Format name -> (the kernels' format id, values per 16-byte chunk, stored bytes per value x 2, output
-# rows one warp computes).
-FORMATS = {"fp16": (0, 8, 4, 1), "int4": (1, 32, 1, 4), "fp8": (2, 16, 2, 4)}
+
+class Layout(NamedTuple):
+    """A format as the kernels read it (`decode_products.cu`'s `Format`)."""
+
+    id: int  # the kernels' format id
+    values: int  # values in a 16-byte chunk
+    rows: int  # output rows one warp computes
+
+
+FORMATS = {"fp16": Layout(0, 8, 1), "int4": Layout(1, 32, 4), "fp8": Layout(2, 16, 4)}
 MAX_TOKENS = 8  # the kernels take 1 to 8 tokens
 WARPS_PER_BLOCK = 4
 THREADS = 32 * WARPS_PER_BLOCK
@@ -41,7 +49,7 @@ def refusal(format: str, n: int, k: int, group: int = 128) -> str | None:
     """Why a kernel of `format` cannot take an [n, k] weight (None: it can)."""
     if format not in FORMATS:
         return f"format {format!r} is not one of {sorted(FORMATS)}"
-    chunk = FORMATS[format][1]
+    chunk = FORMATS[format].values
     if k % chunk:
         return f"its input dim ({k}) is not a multiple of {chunk} (the {format} kernel reads {chunk} values at a time)"
     if format == "int4" and (group % 32 or k % group):
@@ -113,4 +121,4 @@ def kernel_name(format: str, tokens: int) -> str:
 
 def grid(n: int, format: str) -> int:
     """Thread blocks of `THREADS` threads for `n` output rows of `format`."""
-    return -(-n // (WARPS_PER_BLOCK * FORMATS[format][3]))
+    return -(-n // (WARPS_PER_BLOCK * FORMATS[format].rows))

@@ -33,7 +33,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 def _run_host(host: ctypes.CDLL, x: torch.Tensor, p: formats.PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     y = torch.full((x.shape[0], p.n), float("nan"), dtype=torch.float16)
     address = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else None)  # noqa: E731
-    status = host.dp_host(formats.FORMATS[p.format][0], x.shape[0], address(x), address(p.weight), address(p.scales),
+    status = host.dp_host(formats.FORMATS[p.format].id, x.shape[0], address(x), address(p.weight), address(p.scales),
                           address(bias), address(y), p.n, p.k, p.group)
     assert status == 0
     return y
@@ -55,7 +55,7 @@ def test_the_kernels_compute_their_reference_on_the_cpu(host: ctypes.CDLL, forma
 
 def test_the_launch_covers_the_rows_the_kernels_compute(host: ctypes.CDLL) -> None:
     """A warp's rows are the kernel's (its source's) and the grid's (formats): every row, no block idle."""
-    for name, (format_id, _, _, rows) in formats.FORMATS.items():
+    for name, (format_id, _, rows) in formats.FORMATS.items():
         assert host.dp_rows(format_id) == rows, name
         per_block = formats.WARPS_PER_BLOCK * rows
         for n in (1, 3, 4, 37, 256, 5632):
