@@ -10,7 +10,8 @@ bytes copied and kernels launched per decode step (from the CUDA profiler: the c
 where it lives, so a step copies no cache), what the check of a step's token and position against
 the program's bounds costs, and teacher-forced correctness (logits of decode steps
 after a prompt, against eager `transformers`: the largest error relative to the logits' range,
-and top-1 agreement). The Python-free runner (`pipeline-runner generate`: ExecuTorch's C++ runtime
+and top-1 agreement; a quantized program also against the model with its weights rounded as the
+program stores them, which separates the program's error from quantization's own). The Python-free runner (`pipeline-runner generate`: ExecuTorch's C++ runtime
 and the native delegate, with and without TensorRT-RTX's CUDA graph) gets decode tokens/s, the
 bytes its delegate copied per step, and whether its greedy tokens are pipeline.runtime's. Prints markdown; `--out` also writes `llm.json` and `llm.md`.
 
@@ -34,9 +35,12 @@ from typing import Any
 import torch
 
 from bench.benchmark import kernel_profile
+from bench.quantized import rounded_model
 from pipeline.config import objects
 from pipeline.config.compose import compose, typed
+from pipeline.delegate import plan, pte
 from pipeline.delegate.tensor_spec import check_inputs
+from pipeline.engine.compile_spec import QuantizeSpec
 from pipeline.runtime import load
 from pipeline.runtime.generate import generate
 from pipeline.runtime.native_library import run_runner
@@ -153,6 +157,15 @@ def ours(program: Any) -> tuple[Step, Step, torch.Tensor, torch.Tensor]:
             lambda t, s: decode.execute([t, s], copy_outputs=False)[0], token, position)
 
 
+def kernel_bytes_per_step(files: dict[str, Path]) -> int:
+    """Bytes decode's steps in the project's kernels read a call (their packed weights, scales and biases,
+    from the plan's named data); 0 for a program without them."""
+    file = pte.read(files["pte"], files.get("ptd"), verify=False)
+    plans = [plan.decode(c.payload) for c in pte.delegate_calls(file.program) if c.method == "decode" and plan.is_plan(c.payload)]
+    return sum(ref.size for p in plans for s in p.steps if isinstance(s, plan.KernelStep)
+               for ref in (s.weight, s.scales, s.bias) if ref is not None)
+
+
 def value_check_us(method: Any, token: torch.Tensor, position: torch.Tensor, calls: int = 200) -> float:
     """Microseconds the runtime's value check of a decode call's inputs takes (token ids and the
     position against the bounds in the program's record: one read back from the device)."""
@@ -214,9 +227,11 @@ def guarded(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
 
 
 def measure(name: str, variant: tuple[Step, Step, torch.Tensor, torch.Tensor], args: argparse.Namespace, vocab: int,
-            limits: dict[str, float], reference: Step) -> dict[str, Any]:
+            limits: dict[str, float], references: dict[str, Step], kernel_bytes: int = 0) -> dict[str, Any]:
     """One variant's row: prefill ms, decode tok/s (and its fraction of each limit); for compiled
-    variants the per-step profile; for ours the teacher-forced error against `reference`."""
+    variants the per-step profile (and for ours the bandwidth its kernels reached reading their
+    `kernel_bytes` a step); for ours the teacher-forced error against each of `references`
+    (`teacher_forced` against the float model, `teacher_forced_vs_<name>` against the others)."""
     prefill, decode, token, position = variant
     row: dict[str, Any] = {"variant": name}
     for length in args.prefill:
@@ -227,10 +242,14 @@ def measure(name: str, variant: tuple[Step, Step, torch.Tensor, torch.Tensor], a
             row[f"fraction_of_{k}_limit"] = row["decode_tok_s"] / limit
     if not name.startswith("eager"):
         guarded(row, "per_step", lambda: profile_step(decode, token, position, args.prompt))
+        ours_us = row["per_step"].get("kernel_us_per_step_by_class", {}).get("products (ours)")
+        if name.startswith("ours") and kernel_bytes and ours_us:  # the bandwidth our product kernels reached
+            row["products_ours_GBs"] = kernel_bytes / ours_us / 1e3
         guarded(row, f"per_prefill_{max(args.prefill)}", lambda: profile_prefill(prefill, max(args.prefill), vocab))
     if name.startswith("ours"):
-        guarded(row, "teacher_forced", lambda: teacher_forced(
-            lambda t, s: (prefill if t.shape[1] > 1 else decode)(t, s), reference, args.prompt, args.steps, vocab))
+        for label, reference in references.items():
+            guarded(row, "teacher_forced" + (f"_vs_{label}" if label != "float" else ""), lambda r=reference: teacher_forced(
+                lambda t, s: (prefill if t.shape[1] > 1 else decode)(t, s), r, args.prompt, args.steps, vocab))
     return row
 
 
@@ -278,6 +297,7 @@ def _variants(args: argparse.Namespace, files: dict[str, Path], model: Any,
     results["ours_device_GB"] = (free_before - torch.cuda.mem_get_info()[0]) / 1e9
     results["engines_on_device"] = len(program._engines)
     guarded(results, "decode_value_check_us", lambda: value_check_us(program.method("decode"), token, position))
+    results["kernel_bytes_per_step"] = kernel_bytes_per_step(files)
     if not args.no_stepwise:
         stepwise = load(files["pte"], files.get("ptd"), options=RuntimeOptions(cuda_graph=True))
         variants["ours (engine graphs, step by step)"] = ours(stepwise)
@@ -312,8 +332,13 @@ def main() -> None:
     guarded(results, "bandwidth_GBs", lambda: {"rated": rated, "measured_copy": measured_bandwidth_gbs()})
     limits = {k: v * 1e9 / weight_bytes for k, v in results["bandwidth_GBs"].items() if isinstance(v, float)}
     results["decode_limit_tok_s"] = limits
+    references = {"float": model.step}
+    spec = QuantizeSpec.of(cfg.compile.quantize)
+    if spec.active:  # the same seeded weights, rounded as the program stores them
+        references["rounded"] = rounded_model(objects.model(cfg), spec).cuda().step
     with torch.no_grad():
-        rows = [measure(name, variant, args, vocab, limits, model.step) for name, variant in variants.items()]
+        rows = [measure(name, variant, args, vocab, limits, references, results["kernel_bytes_per_step"])
+                for name, variant in variants.items()]
     results["rows"] = rows + runner_rows(files, program, vocab, args.prompt, args.steps, args.runner)
     table = markdown(results)
     print(table)

@@ -43,7 +43,7 @@ def measure(overrides: list[str], mode: str, build: Path, built: bool) -> dict[s
     ptd = next((folder / "program").glob("*.ptd"), None)
     row["methods"] = validate_program(cfg, pte, ptd)["methods"]
     model, program = objects.model(cfg), load(pte, ptd)
-    rounded = _rounded(objects.model(cfg), QuantizeSpec.of(cfg.compile.quantize))
+    rounded = rounded_model(objects.model(cfg), QuantizeSpec.of(cfg.compile.quantize))
     seed = cfg.runtime.validation_seed
     for name, spec in cfg.model.methods.items():
         inputs = objects.example_inputs(spec, seed)
@@ -58,7 +58,7 @@ def measure(overrides: list[str], mode: str, build: Path, built: bool) -> dict[s
     return row
 
 
-def _rounded(model: torch.nn.Module, spec: QuantizeSpec) -> torch.nn.Module:
+def rounded_model(model: torch.nn.Module, spec: QuantizeSpec) -> torch.nn.Module:
     """`model` with the weights of its Linear and Embedding layers (those `spec` takes and does not keep)
     rounded as an engine stores them: the engine's result without its own error."""
     if not spec.active:

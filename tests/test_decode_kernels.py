@@ -7,6 +7,7 @@ decode steps give transformers' logits and greedy tokens."""
 import copy
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from pipeline.config import objects
 from pipeline.config.compose import compose, typed
 from pipeline.delegate import plan, pte
 from pipeline.engine import quantize
-from pipeline.engine.compile_spec import TensorRTCompileSpec
+from pipeline.engine.compile_spec import QuantizeSpec, TensorRTCompileSpec
 from pipeline.kernels import formats, ptx
 from pipeline.kernels.product_op import is_decode_product
 from pipeline.lowering.compile import export_method
@@ -28,7 +29,7 @@ from tests.helpers import assert_engines_checked, gpu
 SIZE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 256}
 # +experiment=llm_decode_kernels at llama_tiny's size: prefill one engine over a token range, decode one token.
-BUILD = ["+experiment=llm_decode_kernels", "cache=off", "serialize=default", "compile.profiles=[]",
+BUILD = ["+experiment=llm_decode_kernels", "cache=off", "serialize=default", "compile.per_method.prefill.profiles=[{tokens:[16,16,16]}]",
          *(f"model.kwargs.{k}={v}" for k, v in SIZE.items()), "model.kwargs.max_cache_len=64",
          "model.methods.prefill.dims.tokens.max=64", "model.methods.prefill.inputs.0.shape=[1,16]",
          "model.methods.prefill.inputs.0.high=256", "model.methods.decode.inputs.0.high=256"]
@@ -82,31 +83,44 @@ def test_products_the_kernels_cannot_take_stay_in_tensorrt() -> None:
     assert take_products(gm, TensorRTCompileSpec(precision="fp16"), written_buffers(gm), "decode") == 0
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+class Built(NamedTuple):
+    out: Path
+    mode: str  # compile.quantize.mode
+    overrides: list[str]
+
+
+FORMAT = {"none": "fp16", "int4_weight_only": "int4", "fp8": "fp8"}  # compile.quantize.mode: the kernels' format
+
+
+@pytest.fixture(scope="module", params=list(FORMAT))
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The decoder built with each weight format the kernels read (int4 in groups of 32)."""
+    overrides = [*BUILD, f"compile.quantize.mode={request.param}", "compile.quantize.group_size=32"]
     out = tmp_path_factory.mktemp("decode_kernels")
-    run_all(typed(compose(BUILD)), out)  # type: ignore[arg-type]
-    return out
+    run_all(typed(compose(overrides)), out)  # type: ignore[arg-type]
+    return Built(out, request.param, overrides)
 
 
-def test_the_decode_method_is_one_plan_of_engines_and_our_kernels(built: Path) -> None:
+def test_the_decode_method_is_one_plan_of_engines_and_our_kernels(built: Built) -> None:
     """Decode: one delegate, a plan of engines with the kernels' calls between them (each engine checked
-    by the reference executor when built), nothing left outside; prefill: one engine."""
-    report = json.loads((built / "report.json").read_text())
+    by the reference executor when built, fp16's), nothing left outside; prefill: one engine."""
+    report = json.loads((built.out / "report.json").read_text())
     assert (report["prefill"]["num_engines"], report["prefill"]["left_over"]) == (1, [])
     assert (report["decode"]["num_engines"], report["decode"]["left_over"]) == (1, [])
     layers = SIZE["num_hidden_layers"]
     (delegate,) = report["decode"]["engines"]
     assert {k: delegate["plan"][k] for k in ("engines", "kernels", "plan_steps")} == {
         "engines": 4 * layers + 1, "kernels": 4 * layers + 1, "plan_steps": 8 * layers + 2}
-    compiled = torch.export.load(built / "compiled" / "decode.pt2")
-    assert_engines_checked(compiled, "fp16")
+    compiled = torch.export.load(built.out / "compiled" / "decode.pt2")
+    if built.mode == "none":  # the reference executor takes no int4 or fp8 constants (tests/tensorrt/test_quantize.py)
+        assert_engines_checked(compiled, "fp16")
     assert sum(is_decode_product(n) for n in compiled.graph.nodes) == 4 * layers + 1
 
 
-def test_the_program_carries_the_ptx_and_the_packed_weights(built: Path) -> None:
-    """The PTX once (every kernel step names it), each packed weight by its digest, all checked when read."""
-    (path,) = (built / "program").glob("*.pte")
+def test_the_program_carries_the_ptx_and_the_packed_weights(built: Built) -> None:
+    """The PTX once (every kernel step names it), each packed weight (and int4's and fp8's scales) by its
+    digest, all checked when read; each step's launch covers its rows (the plan's own check, both readers)."""
+    (path,) = (built.out / "program").glob("*.pte")
     file = pte.read(path)
     keys = [e["key"] for e in pte.named_entries(file)]
     (module,) = [k for k in keys if k.startswith(plan.KERNELS_PREFIX)]
@@ -114,21 +128,27 @@ def test_the_program_carries_the_ptx_and_the_packed_weights(built: Path) -> None
     (call,) = [c for c in pte.delegate_calls(file.program) if c.method == "decode"]
     decoded = plan.decode(call.payload)
     kernels = [s for s in decoded.steps if isinstance(s, plan.KernelStep)]
-    assert {s.module.key for s in kernels} == {module} and {s.kernel for s in kernels} == {formats.kernel_name("fp16", 1)}
+    assert {s.module.key for s in kernels} == {module} and {s.kernel for s in kernels} == {formats.kernel_name(FORMAT[built.mode], 1)}
     assert {s.weight.key for s in kernels} <= set(keys) and len({s.weight.key for s in kernels}) == len(kernels)
     assert [s.n for s in kernels[:4]] == [SIZE["hidden_size"] * 2, SIZE["hidden_size"], SIZE["intermediate_size"] * 2,
                                           SIZE["hidden_size"]]  # q with k and v; o; gate with up; down
+    scales = [s.scales.key for s in kernels if s.scales is not None]
+    assert len(scales) == (0 if built.mode == "none" else len(kernels)) and set(scales) <= set(keys)
+    rows = formats.FORMATS[FORMAT[built.mode]].rows
+    assert all(s.grid == formats.grid(s.n, FORMAT[built.mode]) and s.grid * s.block // 32 * rows >= s.n for s in kernels)
 
 
 @gpu
-def test_the_tensorrt_program_decodes_as_the_model_does(built: Path) -> None:
+def test_the_tensorrt_program_decodes_as_the_model_does(built: Built) -> None:
     """On the GPU: prefill, then decode steps through engines and our kernels, teacher-forced against the
-    model eager on the GPU (fp16), and greedy tokens equal to the program without our kernels'."""
+    model eager on the GPU (fp16; int4 and fp8 with its weights rounded as the program stores them)."""
+    from bench.quantized import rounded_model
     from pipeline.runtime import load
 
-    (path,) = (built / "program").glob("*.pte")
+    (path,) = (built.out / "program").glob("*.pte")
     program = load(path)
-    model = objects.model(typed(compose(BUILD))).cuda()  # the program's weights (the config's seed)
+    cfg = typed(compose(built.overrides))
+    model = rounded_model(objects.model(cfg), QuantizeSpec.of(cfg.compile.quantize)).cuda()  # the program's weights
     tokens = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model.step(tokens[:, :16].cuda(), torch.tensor([0]).cuda())
@@ -142,7 +162,7 @@ def test_the_tensorrt_program_decodes_as_the_model_does(built: Path) -> None:
 
 
 @gpu
-def test_the_runner_runs_the_plan_as_pipeline_runtime_does(built: Path) -> None:
+def test_the_runner_runs_the_plan_as_pipeline_runtime_does(built: Built) -> None:
     """The native delegate runs the same plan (engines, then our kernels, in turn) with and without the
     plan as one CUDA graph: the greedy tokens pipeline.runtime gives, a step copying its token and
     position in and its logits out (the cache and the values between steps stay on the device)."""
@@ -150,7 +170,7 @@ def test_the_runner_runs_the_plan_as_pipeline_runtime_does(built: Path) -> None:
     from pipeline.runtime.generate import generate
     from pipeline.runtime.native_library import run_runner
 
-    (path,) = (built / "program").glob("*.pte")
+    (path,) = (built.out / "program").glob("*.pte")
     prompt = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(3))
     new = generate(load(path), prompt, 12)[0, prompt.shape[1]:].tolist()
     for graph in ([], ["--method-graph"]):
@@ -160,7 +180,7 @@ def test_the_runner_runs_the_plan_as_pipeline_runtime_does(built: Path) -> None:
         assert f"per step the delegate copied 16 bytes in and {256 * 2} out" in done.stdout
 
 
-def test_the_native_delegate_reads_the_plan_and_says_what_it_needs(built: Path) -> None:
+def test_the_native_delegate_reads_the_plan_and_says_what_it_needs(built: Built) -> None:
     """ExecuTorch's runtime with the native delegate reads the program's plan (all its steps) and, on a
     machine without a GPU, refuses in one line."""
     from pipeline.errors import RuntimeUnavailableError
@@ -171,7 +191,7 @@ def test_the_native_delegate_reads_the_plan_and_says_what_it_needs(built: Path) 
     if GPU:
         pytest.skip("the GPU runs it (the tests above)")
     load_backend()
-    (path,) = (built / "program").glob("*.pte")
+    (path,) = (built.out / "program").glob("*.pte")
     program = executorch_runtime.load(path)
     steps = 8 * SIZE["num_hidden_layers"] + 2
     with pytest.raises(RuntimeUnavailableError, match=rf"^method 'decode', TensorRT plan of {steps} steps: this machine has no "

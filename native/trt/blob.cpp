@@ -266,11 +266,14 @@ bool data_entry(const Json* j, bool optional, DataEntry& out) {
   return true;
 }
 
-bool kernel_name(const std::string& name) {
-  for (const char* format : {"fp16", "int4", "fp8"})
+// The rows one warp of a kernel computes (decode_products.cu's Format<F>::rows), 0 for a name that is
+// none of the project's kernels.
+int kernel_rows(const std::string& name) {
+  static const std::pair<const char*, int> formats[] = {{"fp16", 1}, {"int4", 4}, {"fp8", 4}};
+  for (const auto& [format, rows] : formats)
     for (char t = '1'; t <= '8'; ++t)
-      if (name == std::string("dp_") + format + "_t" + t) return true;
-  return false;
+      if (name == std::string("dp_") + format + "_t" + t) return rows;
+  return 0;
 }
 
 bool read_step(const Json& j, PlanStep& step, std::string& error) {
@@ -288,7 +291,7 @@ bool read_step(const Json& j, PlanStep& step, std::string& error) {
     return true;
   }
   const Json* kernel = j.get("kernel");
-  if (!kernel || kernel->kind != Json::kString || !kernel_name(kernel->text) || step.inputs.size() != 1 ||
+  if (!kernel || kernel->kind != Json::kString || kernel_rows(kernel->text) == 0 || step.inputs.size() != 1 ||
       step.outputs.size() != 1)
     return plan_fail(error, "has a kernel step that is none of the project's kernels (one x, one y)");
   step.kernel = kernel->text;
@@ -347,7 +350,7 @@ bool plan_coherent(const PlanInfo& plan, std::string& error) {
       if (x->dtype != "float16" || y->dtype != "float16" || x->shape.empty() || y->shape.empty() ||
           x->shape.back() != step.k || y->shape.back() != step.n || elements(x) / step.k != elements(y) / step.n ||
           elements(x) / step.k < 1 || elements(x) / step.k > 8 || step.kernel.back() - '0' != int(elements(x) / step.k) ||
-          (uint64_t)step.grid * step.block < (uint64_t)step.n * 32)
+          (uint64_t)step.grid * step.block / 32 * kernel_rows(step.kernel) < (uint64_t)step.n)
         return plan_fail(error, "runs kernel " + step.kernel + " on values that are not its [T, k] -> [T, n] in float16");
     }
     known.insert(step.outputs.begin(), step.outputs.end());

@@ -33,6 +33,7 @@ from typing import Any
 from pipeline.delegate import blob
 from pipeline.delegate.blob import BlobMetadata, EngineRef, IOBinding
 from pipeline.errors import BlobFormatError
+from pipeline.kernels import formats
 
 MAGIC = b"TP01"
 KERNELS_PREFIX = "pipeline.kernels."
@@ -220,8 +221,9 @@ def _check_sizes(where: str, step: EngineStep | KernelStep, shapes: dict[str, IO
         return
     x, y = shapes[step.inputs[0]], shapes[step.outputs[0]]
     tokens = math.prod(x.shape) // step.k if x.shape and x.shape[-1] == step.k else 0
+    rows = step.grid * step.block // 32 * formats.FORMATS[step.kernel.split("_")[1]].rows  # a warp's rows
     if (x.dtype, y.dtype) != ("float16", "float16") or not y.shape or y.shape[-1] != step.n or \
-            math.prod(y.shape) != tokens * step.n or step.kernel[-1] != str(tokens) or step.grid * step.block < 32 * step.n:
+            math.prod(y.shape) != tokens * step.n or step.kernel[-1] != str(tokens) or rows < step.n:
         raise BlobFormatError(f"{where} runs kernel {step.kernel} on values that are not its [T, k] -> [T, n] in float16")
 
 
