@@ -11,9 +11,11 @@ where it lives, so a step copies no cache), what the check of a step's token and
 the program's bounds costs, and teacher-forced correctness (logits of decode steps
 after a prompt, against eager `transformers`: the largest error relative to the logits' range,
 and top-1 agreement; a quantized program also against the model with its weights rounded as the
-program stores them, which separates the program's error from quantization's own). The Python-free runner (`pipeline-runner generate`: ExecuTorch's C++ runtime
-and the native delegate, with and without TensorRT-RTX's CUDA graph) gets decode tokens/s, the
-bytes its delegate copied per step, and whether its greedy tokens are pipeline.runtime's. Prints markdown; `--out` also writes `llm.json` and `llm.md`.
+program stores them, which separates the program's error from quantization's own), and with the
+project's decode kernels the bandwidth they reached. The Python-free runner (`pipeline-runner
+generate`: ExecuTorch's C++ runtime and the native delegate, with and without TensorRT-RTX's CUDA
+graph) gets decode tokens/s, the bytes its delegate copied per step, and whether its greedy tokens
+are pipeline.runtime's. Prints markdown; `--out` also writes `llm.json` and `llm.md`.
 
     python -m bench.llm                                   # TinyLlama-sized, fp16
     python -m bench.llm --set model=llama_tiny model.kwargs.max_cache_len=256 --prompt 128 --steps 64
@@ -265,6 +267,8 @@ def _arguments() -> argparse.ArgumentParser:
                         help="the runner's rows (default: all)")
     parser.add_argument("--build", type=Path, default=None, help="build folder (default: a temporary one)")
     parser.add_argument("--built", action="store_true", help="measure the program already in --build (no build)")
+    parser.add_argument("--baselines-only", action="store_true", help="time eager transformers and torch.compile alone "
+                        "(no program: while one builds elsewhere)")
     parser.add_argument("--out", type=Path, default=None)
     return parser
 
@@ -285,6 +289,8 @@ def _program_files(args: argparse.Namespace, cfg: Any, results: dict[str, Any]) 
 def _variants(args: argparse.Namespace, files: dict[str, Path], model: Any,
               results: dict[str, Any]) -> tuple[Any, dict[str, tuple[Step, Step, torch.Tensor, torch.Tensor]]]:
     """Our program (with the device memory it takes) and the rows it is timed against."""
+    if args.baselines_only:
+        return None, _baselines(args, model)
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
     variants: dict[str, tuple[Step, Step, torch.Tensor, torch.Tensor]] = {}
@@ -301,6 +307,12 @@ def _variants(args: argparse.Namespace, files: dict[str, Path], model: Any,
     if not args.no_stepwise:
         stepwise = load(files["pte"], files.get("ptd"), options=RuntimeOptions(cuda_graph=True))
         variants["ours (engine graphs, step by step)"] = ours(stepwise)
+    return program, {**variants, **_baselines(args, model)}
+
+
+def _baselines(args: argparse.Namespace, model: Any) -> dict[str, tuple[Step, Step, torch.Tensor, torch.Tensor]]:
+    """Eager `transformers` and, unless --no-compile, `torch.compile` of the same model on the GPU."""
+    variants: dict[str, tuple[Step, Step, torch.Tensor, torch.Tensor]] = {}
     model.cuda()  # in place, after the program's memory was measured
     variants["eager transformers"] = (model.step, model.step, torch.zeros(1, 1, dtype=torch.int64, device="cuda"),
                                       torch.zeros(1, dtype=torch.int64, device="cuda"))
@@ -312,7 +324,7 @@ def _variants(args: argparse.Namespace, files: dict[str, Path], model: Any,
         variants["torch.compile (static cache, CUDA graphs)"] = (
             compiled, compiled, torch.zeros(1, 1, dtype=torch.int64, device="cuda"),
             torch.zeros(1, dtype=torch.int64, device="cuda"))
-    return program, variants
+    return variants
 
 
 def main() -> None:
@@ -322,7 +334,7 @@ def main() -> None:
     cfg = typed(compose(list(args.set)))
     vocab = int(cfg.model.kwargs["vocab_size"])
     results: dict[str, Any] = {"config": args.set, "gpu": torch.cuda.get_device_name()}
-    files = _program_files(args, cfg, results)
+    files = {} if args.baselines_only else _program_files(args, cfg, results)
     model: Any = objects.model(cfg)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     cache_bytes = sum(b.numel() * b.element_size() for n, b in model.named_buffers() if "cache" in n)
@@ -337,9 +349,9 @@ def main() -> None:
     if spec.active:  # the same seeded weights, rounded as the program stores them
         references["rounded"] = rounded_model(objects.model(cfg), spec).cuda().step
     with torch.no_grad():
-        rows = [measure(name, variant, args, vocab, limits, references, results["kernel_bytes_per_step"])
+        rows = [measure(name, variant, args, vocab, limits, references, results.get("kernel_bytes_per_step", 0))
                 for name, variant in variants.items()]
-    results["rows"] = rows + runner_rows(files, program, vocab, args.prompt, args.steps, args.runner)
+    results["rows"] = rows + (runner_rows(files, program, vocab, args.prompt, args.steps, args.runner) if program else [])
     table = markdown(results)
     print(table)
     if args.out:
@@ -349,9 +361,10 @@ def main() -> None:
 
 
 def markdown(results: dict[str, Any]) -> str:
+    ours = (f"; our program on the device {results['ours_device_GB']:.3f} GB ({results['engines_on_device']} engine)"
+            if "ours_device_GB" in results else "")
     lines = [f"{results['gpu']}, {' '.join(results['config'])}: weights {results['weights_GB']:.3f} GB, cache "
-             f"{results['cache_GB']:.3f} GB; our program on the device {results['ours_device_GB']:.3f} GB "
-             f"({results['engines_on_device']} engine); decode limit (tok/s) {results['decode_limit_tok_s']}", "",
+             f"{results['cache_GB']:.3f} GB{ours}; decode limit (tok/s) {results['decode_limit_tok_s']}", "",
              "| variant | " + " | ".join(c for c in _columns(results)) + " |", "|---|" + "---|" * len(_columns(results))]
     for row in results["rows"]:
         cells = []
