@@ -92,12 +92,46 @@ def _decode_kernels(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    value = row.get(key)
+    return format(value, fmt) if isinstance(value, float | int) else ""
+
+
+CLASSES = ("products (ours)", "products", "attention", "the rest")  # bench.benchmark.kernel_profile's, in the table's order
+
+
+def _llm_decode(r: dict[str, Any]) -> str:
+    """`bench.llm` runs side by side (`runs`: a label, its command and its llm.json), one table."""
+    first = r["runs"][0]["llm"]
+    lines = [f"{first['gpu']}, {r['date']}; {r['layers']} TinyLlama-sized layers and its head (random weights), batch 1, decode "
+             f"after a prompt of 128 (the rated limit: the fp16 weights' bytes over the rated bandwidth), "
+             f"the device copy {first['bandwidth_GBs']['measured_copy']:.0f} GB/s. Kernel µs a decode step by class "
+             "as measured (products in our kernels / in TensorRT's / attention / the rest); our kernels' GB/s is the bytes they read a "
+             "step over their time; teacher-forced against eager fp16 (and, quantized, the model with its weights rounded "
+             "as stored).", "",
+             "| program | variant | prefill 128 / 512 ms | decode tok/s | of the rated limit | kernel µs a step | our kernels' GB/s "
+             "| teacher-forced max rel. error, top-1 | vs rounded |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in r["runs"]:
+        for row in run["llm"]["rows"]:
+            classes = row.get("per_step", {}).get("kernel_us_per_step_by_class", {})
+            tf, rounded = row.get("teacher_forced", {}), row.get("teacher_forced_vs_rounded", {})
+            prefill = " / ".join(_cell(row, f"prefill_{n}_ms", ".2f") for n in (128, 512)) if "prefill_128_ms" in row else ""
+            lines.append(f"| {run['label']} | {row['variant']} | {prefill} | {_cell(row, 'decode_tok_s', '.0f')} | "
+                         f"{_cell(row, 'fraction_of_rated_limit', '.0%')} | {' / '.join(f'{classes[c]:.0f}' for c in CLASSES if c in classes)} | "
+                         f"{_cell(row, 'products_ours_GBs', '.0f')} | "
+                         f"{'' if 'max_rel_error' not in tf else format(tf['max_rel_error'], '.1e') + ', ' + format(tf['top1_agreement'], '.2f')} | "
+                         f"{'' if 'max_rel_error' not in rounded else format(rounded['max_rel_error'], '.1e')} |")
+    lines += ["", *(f"- {run['label']}: `{run['command']}`" for run in r["runs"])]
+    return "\n".join(lines) + "\n"
+
+
 RENDER: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "dvc-build": ("dvc-build.json", _dvc_build),
     "reference-gpu": ("reference-gpu.json", _reference_gpu),
     "media-gemma3": ("media-gemma3-2026-12-07.json", _media),
     "media-voxtral": ("media-voxtral-2026-12-07.json", _media),
     "decode-kernels": ("decode-kernels-2026-12-07b.json", _decode_kernels),
+    "llm-decode-kernels": ("llm-decode-kernels-2026-12-08.json", _llm_decode),
 }
 
 

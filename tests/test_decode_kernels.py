@@ -141,9 +141,13 @@ def test_the_program_carries_the_ptx_and_the_packed_weights(built: Built) -> Non
 @gpu
 def test_the_tensorrt_program_decodes_as_the_model_does(built: Built) -> None:
     """On the GPU: prefill, then decode steps through engines and our kernels, teacher-forced against the
-    model eager on the GPU (fp16; int4 and fp8 with its weights rounded as the program stores them)."""
+    model eager on the GPU (fp16; int4 with its weights rounded as the program stores them)."""
     from bench.quantized import rounded_model
     from pipeline.runtime import load
+
+    if built.mode == "fp8":  # the runner test and tests/kernels check fp8's plan and kernels
+        pytest.skip("fp8's prefill engine also rounds each product's input to fp8 (calibrated scales), which the "
+                    "model with rounded weights does not: no reference for its teacher-forced logits here")
 
     (path,) = (built.out / "program").glob("*.pte")
     program = load(path)

@@ -269,7 +269,7 @@ bool data_entry(const Json* j, bool optional, DataEntry& out) {
 // The rows one warp of a kernel computes (decode_products.cu's Format<F>::rows), 0 for a name that is
 // none of the project's kernels.
 int kernel_rows(const std::string& name) {
-  static const std::pair<const char*, int> formats[] = {{"fp16", 1}, {"int4", 4}, {"fp8", 4}};
+  static const std::pair<const char*, int> formats[] = {{"fp16", 1}, {"int4", 1}, {"fp8", 1}};
   for (const auto& [format, rows] : formats)
     for (char t = '1'; t <= '8'; ++t)
       if (name == std::string("dp_") + format + "_t" + t) return rows;

@@ -1,11 +1,12 @@
 // The decode step's products as kernels of this project: y[T, N] = x[T, K] @ W[N, K]^T (+ bias) for
 // T = 1 to 8 tokens, W stored as fp16, int4 (groups along K) or fp8, read once at the memory's speed.
 //
-// One warp computes `rows` output rows (1 for fp16, 4 for int4 and fp8): its lanes stride over them in
-// 16-byte chunks (8 fp16, 32 int4 or 16 fp8 values), read and convert each chunk's x once for those
-// rows, and keep rows x T partial sums in float, which the warp then adds. Per token, int4 and fp8 do
-// the x work of 32 and 16 weights for every 16 bytes of them, fp16 that of 8: sharing it between rows
-// keeps that work off the weights' reading. Weight layouts (pipeline/kernels/formats.py writes them):
+// One warp computes `rows` output rows (Format<F>::rows): its lanes stride over them in 16-byte chunks
+// (8 fp16, 32 int4 or 16 fp8 values), read and convert each chunk's x once for those rows, and keep
+// rows x T partial sums in float, which the warp then adds. Every format computes one row a warp: four
+// rows a warp for int4 and fp8 (x's work shared between them) read their weights at 0.55-0.65x the
+// speed of one row at one and two tokens on an H100 (fewer warps in flight; results/gpu-log.md,
+// 2026-12-08), the same at four and eight. Weight layouts (pipeline/kernels/formats.py writes them):
 //   fp16  W: [N, K] fp16.
 //   int4  W: [N, K/2] bytes, k = 2j in byte j's low nibble and 2j+1 in its high one, each nibble
 //         q + 8 for q in [-8, 7]; scales: [N, K/group] fp16 (group a multiple of 32).
@@ -49,8 +50,8 @@ enum { kWarp = 32, kWarpsPerBlock = 4 };
 // Per format: values in a 16-byte chunk, bytes per value (num / den), rows a warp computes.
 template <int F> struct Format;
 template <> struct Format<kFp16> { enum { values = 8, row_bytes_num = 2, row_bytes_den = 1, rows = 1 }; };
-template <> struct Format<kInt4> { enum { values = 32, row_bytes_num = 1, row_bytes_den = 2, rows = 4 }; };
-template <> struct Format<kFp8> { enum { values = 16, row_bytes_num = 1, row_bytes_den = 1, rows = 4 }; };
+template <> struct Format<kInt4> { enum { values = 32, row_bytes_num = 1, row_bytes_den = 2, rows = 1 }; };
+template <> struct Format<kFp8> { enum { values = 16, row_bytes_num = 1, row_bytes_den = 1, rows = 1 }; };
 
 struct Args {
   const u16* x;

@@ -18,7 +18,7 @@ class Layout(NamedTuple):
     rows: int  # output rows one warp computes
 
 
-FORMATS = {"fp16": Layout(0, 8, 1), "int4": Layout(1, 32, 4), "fp8": Layout(2, 16, 4)}
+FORMATS = {"fp16": Layout(0, 8, 1), "int4": Layout(1, 32, 1), "fp8": Layout(2, 16, 1)}
 MAX_TOKENS = 8  # the kernels take 1 to 8 tokens
 WARPS_PER_BLOCK = 4
 THREADS = 32 * WARPS_PER_BLOCK
