@@ -162,8 +162,8 @@ def ours(program: Any) -> tuple[Step, Step, torch.Tensor, torch.Tensor]:
 def kernel_bytes_per_step(files: dict[str, Path]) -> int:
     """Bytes decode's steps in the project's kernels read a call (their packed weights, scales and biases,
     from the plan's named data); 0 for a program without them."""
-    file = pte.read(files["pte"], files.get("ptd"), verify=False)
-    plans = [plan.decode(c.payload) for c in pte.delegate_calls(file.program) if c.method == "decode" and plan.is_plan(c.payload)]
+    program = pte.load_program(files["pte"])  # the plans' records name their data's sizes: no .ptd read
+    plans = [plan.decode(c.payload) for c in pte.delegate_calls(program) if c.method == "decode" and plan.is_plan(c.payload)]
     return sum(ref.size for p in plans for s in p.steps if isinstance(s, plan.KernelStep)
                for ref in (s.weight, s.scales, s.bias) if ref is not None)
 
@@ -244,9 +244,10 @@ def measure(name: str, variant: tuple[Step, Step, torch.Tensor, torch.Tensor], a
             row[f"fraction_of_{k}_limit"] = row["decode_tok_s"] / limit
     if not name.startswith("eager"):
         guarded(row, "per_step", lambda: profile_step(decode, token, position, args.prompt))
-        ours_us = row["per_step"].get("kernel_us_per_step_by_class", {}).get("products (ours)")
-        if name.startswith("ours") and kernel_bytes and ours_us:  # the bandwidth our product kernels reached
-            row["products_ours_GBs"] = kernel_bytes / ours_us / 1e3
+        if name.startswith("ours") and kernel_bytes:  # the bandwidth our product kernels reached
+            ours_us = row["per_step"].get("kernel_us_per_step_by_class", {}).get("products (ours)")
+            if ours_us:
+                row["products_ours_GBs"] = kernel_bytes / ours_us / 1e3
         guarded(row, f"per_prefill_{max(args.prefill)}", lambda: profile_prefill(prefill, max(args.prefill), vocab))
     if name.startswith("ours"):
         for label, reference in references.items():

@@ -89,10 +89,7 @@ class Built(NamedTuple):
     overrides: list[str]
 
 
-FORMAT = {"none": "fp16", "int4_weight_only": "int4", "fp8": "fp8"}  # compile.quantize.mode: the kernels' format
-
-
-@pytest.fixture(scope="module", params=list(FORMAT))
+@pytest.fixture(scope="module", params=list(formats.FORMAT_OF_MODE))
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Built:
     """The decoder built with each weight format the kernels read (int4 in groups of 32)."""
     overrides = [*BUILD, f"compile.quantize.mode={request.param}", "compile.quantize.group_size=32"]
@@ -128,14 +125,15 @@ def test_the_program_carries_the_ptx_and_the_packed_weights(built: Built) -> Non
     (call,) = [c for c in pte.delegate_calls(file.program) if c.method == "decode"]
     decoded = plan.decode(call.payload)
     kernels = [s for s in decoded.steps if isinstance(s, plan.KernelStep)]
-    assert {s.module.key for s in kernels} == {module} and {s.kernel for s in kernels} == {formats.kernel_name(FORMAT[built.mode], 1)}
+    assert {s.module.key for s in kernels} == {module} and {s.kernel for s in kernels} == {formats.kernel_name(formats.FORMAT_OF_MODE[built.mode], 1)}
     assert {s.weight.key for s in kernels} <= set(keys) and len({s.weight.key for s in kernels}) == len(kernels)
     assert [s.n for s in kernels[:4]] == [SIZE["hidden_size"] * 2, SIZE["hidden_size"], SIZE["intermediate_size"] * 2,
                                           SIZE["hidden_size"]]  # q with k and v; o; gate with up; down
     scales = [s.scales.key for s in kernels if s.scales is not None]
     assert len(scales) == (0 if built.mode == "none" else len(kernels)) and set(scales) <= set(keys)
-    rows = formats.FORMATS[FORMAT[built.mode]].rows
-    assert all(s.grid == formats.grid(s.n, FORMAT[built.mode]) and s.grid * s.block // 32 * rows >= s.n for s in kernels)
+    format = formats.FORMAT_OF_MODE[built.mode]
+    rows = formats.FORMATS[format].rows
+    assert all(s.grid == formats.grid(s.n, format) and s.grid * s.block // 32 * rows >= s.n for s in kernels)
 
 
 @gpu

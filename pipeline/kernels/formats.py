@@ -19,6 +19,7 @@ class Layout(NamedTuple):
 
 
 FORMATS = {"fp16": Layout(0, 8, 1), "int4": Layout(1, 32, 1), "fp8": Layout(2, 16, 1)}
+FORMAT_OF_MODE = {"none": "fp16", "int4_weight_only": "int4", "fp8": "fp8"}  # compile.quantize.mode -> the format
 MAX_TOKENS = 8  # the kernels take 1 to 8 tokens
 WARPS_PER_BLOCK = 4
 THREADS = 32 * WARPS_PER_BLOCK

@@ -27,7 +27,6 @@ from pipeline.lowering.constant_fold import attr, content_digest
 
 log = logging.getLogger("pipeline.lowering.compile")
 aten = torch.ops.aten
-_FORMAT = {"none": "fp16", "int4_weight_only": "int4", "fp8": "fp8"}  # quantize.mode -> the kernels' format
 
 
 @dataclass
@@ -88,7 +87,7 @@ def _product(gm: torch.fx.GraphModule, node: torch.fx.Node, spec: TensorRTCompil
         skipped[node.name] = f"its input {list(value.shape)} is not 1 to {formats.MAX_TOKENS} tokens of a static shape"
         return None
     name = str(w.target)
-    format = "fp16" if quantize.kept(name, spec.quantize) or "linear" not in spec.quantize.layers else _FORMAT.get(spec.quantize.mode)
+    format = "fp16" if quantize.kept(name, spec.quantize) or "linear" not in spec.quantize.layers else formats.FORMAT_OF_MODE.get(spec.quantize.mode)
     if format is None:
         skipped[node.name] = f"the kernels take no {spec.quantize.mode} weights"
         return None
