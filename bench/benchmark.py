@@ -92,6 +92,7 @@ def timed(variants: list[Variant], timing: Timing) -> None:
 # Kernel classes of a profile, by name (first match): the project's products, TensorRT's and cuBLAS's
 # products, attention, and the rest (norms, rotary, cache writes, copies between layouts).
 KERNEL_CLASSES = (("products (ours)", re.compile(r"^dp_(fp16|int4|fp8)_t\d")),  # the first that matches a name
+                  ("attention (ours)", re.compile(r"^da_(split|combine)$")),
                   ("attention", re.compile(r"fmha|attention|mha|softmax|flash", re.I)),  # TensorRT's `_gemv_mha`
                   ("products", re.compile(r"gemm|gemv|xmma|cutlass|matmul|sm\d\d_|splitK", re.I)))
 

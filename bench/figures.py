@@ -97,7 +97,8 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, float | int) else ""
 
 
-CLASSES = ("products (ours)", "products", "attention", "the rest")  # bench.benchmark.kernel_profile's, in the table's order
+# bench.benchmark.kernel_profile's, in the table's order (a run shows those it has)
+CLASSES = ("products (ours)", "products", "attention (ours)", "attention", "the rest")
 
 
 def _llm_decode(r: dict[str, Any]) -> str:
@@ -106,7 +107,8 @@ def _llm_decode(r: dict[str, Any]) -> str:
     lines = [f"{first['gpu']}, {r['date']}; {r['layers']} TinyLlama-sized layers and its head (random weights), batch 1, decode "
              f"after a prompt of 128 (the rated limit: the fp16 weights' bytes over the rated bandwidth), "
              f"the device copy {first['bandwidth_GBs']['measured_copy']:.0f} GB/s. Kernel µs a decode step by class "
-             "as measured (products in our kernels / in TensorRT's / attention / the rest); our kernels' GB/s is the bytes they read a "
+             "as measured (products in our kernels / in TensorRT's / attention in ours, where a run has them / in TensorRT's / the "
+             "rest); our kernels' GB/s is the bytes their products read a "
              "step over their time; teacher-forced against eager fp16 (and, quantized, the model with its weights rounded "
              "as stored).", "",
              "| program | variant | prefill 128 / 512 ms | decode tok/s | of the rated limit | kernel µs a step | our kernels' GB/s "

@@ -1,5 +1,5 @@
-"""`compile.decode_kernels`: a decoder's one-token decode step runs its products in the project's kernels
-between engines. On the CPU: the rewritten graph computes what the model does (its products by the
+"""`compile.decode_kernels`: a decoder's one-token decode step runs its products and its attention in the
+project's kernels between engines. On the CPU: the rewritten graph computes what the model does (its products by the
 kernels' reference, int4 with the engines' rounding), every engine between is checked by the reference
 executor, and the program carries the kernels' PTX and the packed weights; on a GPU, the program's
 decode steps give transformers' logits and greedy tokens."""
@@ -18,10 +18,13 @@ from pipeline.delegate import plan, pte
 from pipeline.engine import quantize
 from pipeline.engine.compile_spec import QuantizeSpec, TensorRTCompileSpec
 from pipeline.kernels import formats, ptx
+from pipeline.kernels.attention_op import is_decode_attention
 from pipeline.kernels.product_op import is_decode_product
 from pipeline.lowering.compile import export_method
 from pipeline.lowering.constant_fold import fold_constants, written_buffers
+from pipeline.lowering.decode_attention import take_attention
 from pipeline.lowering.decode_products import take_products
+from pipeline.lowering.fused_attention import fuse_attention
 from pipeline.models.hf import decoder
 from pipeline.steps import run_all
 from tests.helpers import assert_engines_checked, gpu
@@ -47,9 +50,11 @@ def _decode_graph(mode: str, tokens: int = 1, architecture: str = "llama") -> tu
 @pytest.mark.parametrize("mode, tokens, architecture", [("none", 1, "llama"), ("int4_weight_only", 1, "llama"),
                                                        ("fp8", 1, "llama"), ("none", 3, "llama"), ("int4_weight_only", 1, "qwen2")])
 def test_the_rewritten_step_computes_the_models_logits_on_the_cpu(mode: str, tokens: int, architecture: str) -> None:
-    """The products go to `decode_product` calls (q, k and v as one, gate and up as one) and the step
-    gives the model's logits: fp16 at fp16's rounding, int4 and fp8 those of the model with its weights
-    rounded as the engines store them; Qwen2's q, k and v carry biases."""
+    """The products go to `decode_product` calls (q, k and v as one, gate and up as one), each attention
+    (found whole) to a `decode_attention` call that feeds the output product directly (the model's
+    transpose and reshape taken in), and the step gives the model's logits: fp16 at fp16's rounding, int4
+    and fp8 those of the model with its weights rounded as the engines store them; Qwen2's q, k and v
+    carry biases."""
     gm, inputs = _decode_graph(mode, tokens, architecture)
     spec = TensorRTCompileSpec(precision="fp16", decode_kernels=True, quantize={"mode": mode, "group_size": 32})
     want_gm = copy.deepcopy(gm)
@@ -60,10 +65,15 @@ def test_the_rewritten_step_computes_the_models_logits_on_the_cpu(mode: str, tok
             owner, name = want_gm.get_submodule(".".join(str(weight.target).split(".")[:-1])), str(weight.target).split(".")[-1]
             setattr(owner, name, torch.nn.Parameter(quantize.simulated(getattr(owner, name).data, scheme), requires_grad=False))
     state = written_buffers(gm)
+    assert fuse_attention(gm) == SIZE["num_hidden_layers"]
     assert take_products(gm, spec, state, "decode") == 7 * SIZE["num_hidden_layers"] + 1
+    assert take_attention(gm, spec, "decode") == SIZE["num_hidden_layers"]
     calls = [n for n in gm.graph.nodes if is_decode_product(n)]
     assert len(calls) == 4 * SIZE["num_hidden_layers"] + 1  # qkv, o, gate-up, down a layer; the head
     assert not gm.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default)
+    attention = [n for n in gm.graph.nodes if is_decode_attention(n)]
+    assert len(attention) == SIZE["num_hidden_layers"] and all(
+        [is_decode_product(u) for u in a.users] == [True] for a in attention)  # [B, T, H * D], as the o product reads
     with torch.no_grad():
         got = gm(*[t.clone() for t in inputs])
         want = want_gm(*[t.clone() for t in inputs])
@@ -106,12 +116,13 @@ def test_the_decode_method_is_one_plan_of_engines_and_our_kernels(built: Built) 
     assert (report["decode"]["num_engines"], report["decode"]["left_over"]) == (1, [])
     layers = SIZE["num_hidden_layers"]
     (delegate,) = report["decode"]["engines"]
-    assert {k: delegate["plan"][k] for k in ("engines", "kernels", "plan_steps")} == {
-        "engines": 4 * layers + 1, "kernels": 4 * layers + 1, "plan_steps": 8 * layers + 2}
+    assert {k: delegate["plan"][k] for k in ("engines", "kernels", "attention_kernels", "plan_steps")} == {
+        "engines": 4 * layers + 1, "kernels": 5 * layers + 1, "attention_kernels": layers, "plan_steps": 9 * layers + 2}
     compiled = torch.export.load(built.out / "compiled" / "decode.pt2")
     if built.mode == "none":  # the reference executor takes no int4 or fp8 constants (tests/tensorrt/test_quantize.py)
         assert_engines_checked(compiled, "fp16")
     assert sum(is_decode_product(n) for n in compiled.graph.nodes) == 4 * layers + 1
+    assert sum(is_decode_attention(n) for n in compiled.graph.nodes) == layers
 
 
 def test_the_program_carries_the_ptx_and_the_packed_weights(built: Built) -> None:
@@ -134,6 +145,10 @@ def test_the_program_carries_the_ptx_and_the_packed_weights(built: Built) -> Non
     format = formats.FORMAT_OF_MODE[built.mode]
     rows = formats.FORMATS[format].rows
     assert all(s.grid == formats.grid(s.n, format) and s.grid * s.block // 32 * rows >= s.n for s in kernels)
+    attention = [s for s in decoded.steps if isinstance(s, plan.AttentionStep)]
+    head_dim = SIZE["hidden_size"] // SIZE["num_attention_heads"]
+    assert len(attention) == SIZE["num_hidden_layers"] and {s.module.key for s in attention} == {module}
+    assert {s.scale for s in attention} == {head_dim ** -0.5} and all(len(s.inputs) == 4 for s in attention)  # q, k, v, mask
 
 
 @gpu
@@ -195,7 +210,7 @@ def test_the_native_delegate_reads_the_plan_and_says_what_it_needs(built: Built)
     load_backend()
     (path,) = (built.out / "program").glob("*.pte")
     program = executorch_runtime.load(path)
-    steps = 8 * SIZE["num_hidden_layers"] + 2
+    steps = 9 * SIZE["num_hidden_layers"] + 2
     with pytest.raises(RuntimeUnavailableError, match=rf"^method 'decode', TensorRT plan of {steps} steps: this machine has no "
                                                       r"CUDA driver \(libcuda.so.1 does not load\); TensorRT programs run on an "
                                                       r"NVIDIA GPU$"):

@@ -291,6 +291,17 @@ bool read_step(const Json& j, PlanStep& step, std::string& error) {
     return true;
   }
   const Json* kernel = j.get("kernel");
+  if (kernel && kernel->kind == Json::kString && kernel->text == "decode_attention") {
+    int64_t bits = -1;
+    step.is_attention = true;
+    step.kernel = kernel->text;
+    if (!data_entry(j.get("module"), false, step.module) || !integer(j, "scale_bits", bits) || bits < 0 || bits > 0xffffffffLL)
+      return plan_fail(error, "has an attention step whose module or scale is not the expected JSON");
+    if ((step.inputs.size() != 3 && step.inputs.size() != 4) || step.outputs.size() != 2)
+      return plan_fail(error, "has an attention step that does not read q, k, v (a mask) and write o and its workspace");
+    step.scale_bits = static_cast<uint32_t>(bits);
+    return true;
+  }
   if (!kernel || kernel->kind != Json::kString || kernel_rows(kernel->text) == 0 || step.inputs.size() != 1 ||
       step.outputs.size() != 1)
     return plan_fail(error, "has a kernel step that is none of the project's kernels (one x, one y)");
@@ -345,6 +356,12 @@ bool plan_coherent(const PlanInfo& plan, std::string& error) {
           if (b.shape[i] >= 0 ? b.shape[i] != value->shape[i] : (!b.min_shape.empty() && (value->shape[i] < b.min_shape[i] || value->shape[i] > b.max_shape[i])))
             return plan_fail(error, "binds '" + shown(name) + "' to an engine binding of another shape");
       }
+    } else if (step.is_attention) {
+      AttentionSizes sizes;
+      const Binding* mask = step.inputs.size() == 4 ? declared[step.inputs[3]] : nullptr;
+      if (!attention_sizes(*declared[step.inputs[0]], *declared[step.inputs[1]], *declared[step.inputs[2]], mask,
+                           *declared[step.outputs[0]], *declared[step.outputs[1]], sizes))
+        return plan_fail(error, "runs the decode attention on values it does not take");
     } else {
       const Binding *x = declared[step.inputs[0]], *y = declared[step.outputs[0]];
       if (x->dtype != "float16" || y->dtype != "float16" || x->shape.empty() || y->shape.empty() ||
@@ -362,6 +379,33 @@ bool plan_coherent(const PlanInfo& plan, std::string& error) {
 }
 
 }  // namespace
+
+bool attention_sizes(const Binding& q, const Binding& k, const Binding& v, const Binding* mask, const Binding& o,
+                     const Binding& workspace, AttentionSizes& out) {
+  enum { kMaxTokens = 8, kMaxQueries = 32, kMaxQueryValues = 4096 };  // decode_attention.cu's
+  if (q.shape.size() != 4 || k.shape.size() != 4 || k.shape != v.shape) return false;
+  for (const Binding* b : {&q, &k, &v, mask, &o})
+    if (b != nullptr && b->dtype != "float16") return false;
+  for (int64_t d : q.shape)
+    if (d <= 0 || d > kDimMax) return false;
+  for (int64_t d : k.shape)
+    if (d <= 0 || d > kDimMax) return false;
+  const int64_t batch = q.shape[0], heads = q.shape[1], tokens = q.shape[2], dim = q.shape[3];
+  if (batch > kDimMax / heads || batch * heads > kDimMax / tokens || batch * heads * tokens > kDimMax / dim) return false;
+  const int64_t kv_heads = k.shape[1], positions = k.shape[2];
+  if (k.shape[0] != batch || k.shape[3] != dim || heads % kv_heads != 0 || tokens > kMaxTokens || dim % 8 != 0) return false;
+  const int64_t queries = heads / kv_heads * tokens;
+  if (queries > kMaxQueries || queries * dim > kMaxQueryValues) return false;
+  if (mask != nullptr && (mask->shape.size() != 4 || (mask->shape[0] != 1 && mask->shape[0] != batch) || mask->shape[1] != 1 ||
+                          mask->shape[2] != tokens || mask->shape[3] != positions))
+    return false;
+  if (elements(&o) != elements(&q) || workspace.dtype != "float32") return false;
+  out.batch = int(batch), out.heads = int(heads), out.kv_heads = int(kv_heads), out.tokens = int(tokens);
+  out.positions = int(positions), out.dim = int(dim), out.mask_batch = mask != nullptr ? int(mask->shape[0]) : 0;
+  out.chunks = int((positions + kAttentionChunk - 1) / kAttentionChunk);
+  out.workspace = uint64_t(batch * heads * tokens) * uint64_t(out.chunks) * uint64_t(dim + 2);
+  return elements(&workspace) >= out.workspace;
+}
 
 bool is_plan_blob(const uint8_t* data, size_t size) { return data != nullptr && size >= 4 && std::memcmp(data, "TP01", 4) == 0; }
 

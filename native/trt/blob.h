@@ -41,10 +41,12 @@ struct DataEntry {
 };
 struct PlanStep {
   bool is_engine = false;
+  bool is_attention = false;                // "decode_attention": q, k, v (mask) -> o, workspace
   BlobInfo engine;                          // engine steps: the TR03 metadata of the engine
   std::string kernel;                       // kernel steps: the PTX entry
   DataEntry module, weight, scales, bias;   // kernel steps: named data
   int64_t n = 0, k = 0, group = 0, grid = 0, block = 0;
+  uint32_t scale_bits = 0;                  // attention steps: the scale's float32 bits
   std::vector<std::string> inputs, outputs;  // value names (engine: per binding, in its order)
 };
 struct PlanInfo {
@@ -52,6 +54,20 @@ struct PlanInfo {
   std::vector<Binding> values;    // the device buffers between steps
   std::vector<PlanStep> steps;
 };
+
+// An attention step's sizes, read from its values as pipeline/kernels/decode_attention.py's `sizes` reads
+// them: q [batch, heads, tokens, dim], k and v [batch, kv_heads, positions, dim], mask [mask_batch, 1,
+// tokens, positions] (mask_batch 0: none); its launch: `chunks` blocks of kAttentionThreads a K/V head.
+struct AttentionSizes {
+  int batch = 0, heads = 0, kv_heads = 0, tokens = 0, positions = 0, dim = 0, mask_batch = 0;
+  int chunks = 0;
+  uint64_t workspace = 0;  // float32 values the kernels write
+};
+constexpr int kAttentionChunk = 64, kAttentionThreads = 128;  // decode_attention.cu's kChunk, kAttnThreads
+// The sizes of an attention over these values (mask may be null), dtypes included; false where its
+// kernels do not take them.
+bool attention_sizes(const Binding& q, const Binding& k, const Binding& v, const Binding* mask, const Binding& o,
+                     const Binding& workspace, AttentionSizes& out);
 
 // Whether the blob is a plan (magic "TP01").
 bool is_plan_blob(const uint8_t* data, size_t size);

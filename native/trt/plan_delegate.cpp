@@ -16,12 +16,15 @@ namespace et = ::executorch::runtime;
 namespace pipeline_trt {
 namespace {
 
-// A kernel step: its function, its weights on the device, and the values it reads and writes.
+// A kernel step: its function, its weights on the device, and the values it reads and writes; an
+// attention step: its two functions (split, then combine), its sizes and scale.
 struct KernelCall {
-  cuda::Function function = nullptr;
+  cuda::Function function = nullptr, combine = nullptr;
   DeviceBuffer weight, scales, bias;  // scales and bias: ptr 0 where the step has none
   int n = 0, k = 0, group = 0;
   unsigned grid = 0, block = 0;
+  AttentionSizes sizes;
+  float scale = 0.0f;
 };
 
 struct Plan : Handle {
@@ -111,6 +114,17 @@ Error load_kernel(et::BackendInitContext& context, Plan& p, const PlanStep& step
     std::lock_guard<std::mutex> lock(g_modules_mutex);
     g_modules.emplace(step.module.sha256, module);
   }
+  if (step.is_attention) {
+    const auto& d = p.declared;
+    const Binding* mask = step.inputs.size() == 4 ? d.at(step.inputs[3]) : nullptr;
+    attention_sizes(*d.at(step.inputs[0]), *d.at(step.inputs[1]), *d.at(step.inputs[2]), mask, *d.at(step.outputs[0]),
+                    *d.at(step.outputs[1]), call.sizes);  // decode_plan checked them
+    std::memcpy(&call.scale, &step.scale_bits, sizeof call.scale);
+    for (auto [name, function] : {std::pair{"da_split", &call.function}, {"da_combine", &call.combine}})
+      if (drv->module_function(function, module, name) != 0)
+        return refuse(Error::InvalidProgram, p.where + ": its PTX has no kernel " + name + "; rebuild the program");
+    return Error::Ok;
+  }
   cuda::Status s = drv->module_function(&call.function, module, step.kernel.c_str());
   if (s != 0) return refuse(Error::InvalidProgram, p.where + ": its PTX has no kernel " + step.kernel + "; rebuild the program");
   call.n = static_cast<int>(step.n), call.k = static_cast<int>(step.k), call.group = static_cast<int>(step.group);
@@ -132,6 +146,23 @@ Error check_arg(const Plan& p, const Binding& b, const EValue* arg, bool input) 
                                              shape_text(b.shape) + " in the program; rebuild it");
   return refuse(Error::InvalidArgument, p.where + ": input '" + b.name + "' is not a " + b.dtype + " tensor of shape " +
                                             shape_text(b.shape) + "; pass that, or rebuild the program for this input");
+}
+
+// An attention step's two kernels in turn (decode_attention.cu's parameters, in its order).
+Error launch_attention(const Plan& p, const PlanStep& step, KernelCall& call, const std::map<std::string, void*>& at,
+                       const cuda::Driver* drv, cuda::Stream stream) {
+  void *q = at.at(step.inputs[0]), *k = at.at(step.inputs[1]), *v = at.at(step.inputs[2]);
+  void* mask = step.inputs.size() == 4 ? at.at(step.inputs[3]) : nullptr;
+  void *o = at.at(step.outputs[0]), *ws = at.at(step.outputs[1]);
+  AttentionSizes& s = call.sizes;
+  void* params[] = {&q, &k, &v, &mask, &ws, &o, &s.batch, &s.heads, &s.kv_heads, &s.tokens, &s.positions, &s.dim,
+                    &s.mask_batch, &call.scale};
+  const unsigned threads = kAttentionThreads;
+  cuda::Status status = drv->launch_kernel(call.function, unsigned(s.chunks), unsigned(s.kv_heads), unsigned(s.batch), threads,
+                                           1, 1, 0, stream, params, nullptr);
+  if (status == 0)
+    status = drv->launch_kernel(call.combine, unsigned(s.batch * s.heads * s.tokens), 1, 1, threads, 1, 1, 0, stream, params, nullptr);
+  return status == 0 ? Error::Ok : refuse(Error::Internal, p.where + ": " + cuda::describe("cuLaunchKernel", status) + " (decode attention)");
 }
 
 // Every step in turn on `stream`, reading and writing the memory `at` gives each name.
@@ -157,6 +188,10 @@ Error run_steps(Plan& p, const std::map<std::string, void*>& at, const cuda::Dri
       continue;
     }
     KernelCall& call = *p.kernels[i];
+    if (step.is_attention) {
+      if (Error e = launch_attention(p, step, call, at, drv, stream); e != Error::Ok) return e;
+      continue;
+    }
     void *x = at.at(step.inputs[0]), *y = at.at(step.outputs[0]);
     void *w = reinterpret_cast<void*>(call.weight.ptr), *s = reinterpret_cast<void*>(call.scales.ptr);
     void* b = reinterpret_cast<void*>(call.bias.ptr);

@@ -13,7 +13,12 @@ Layout: `blob.HEADER` with magic b"TP01" (eng_offset and eng_size 0), then compa
                  engine writes into an input carries that input's name), or a kernel step {"kernel": the
                  PTX entry (`formats.kernel_name`), "module", "weight", "scales", "bias": named data
                  (scales and bias may be null), "n", "k", "group", "grid", "block", "inputs": [x],
-                 "outputs": [y]}.
+                 "outputs": [y]}, or an attention step {"kernel": "decode_attention", "module": the PTX,
+                 "scale_bits": the scale's float32 bits, "inputs": [q, k, v] or [q, k, v, mask], "outputs":
+                 [o, workspace]}, whose sizes are its values' (`kernels/decode_attention.py`: q float16
+                 [B, H, T, D], k and v [B, KVH, S, D], mask [1 or B, 1, T, S]; o float16 of q's count of
+                 values, written as [B, T, H, D]; the workspace float32 of at least the values a launch
+                 writes).
 
 Named data: engines as in `blob.py` ("tensorrt.engine.<sha256>"); the PTX under "pipeline.kernels.<sha256>"
 (NUL-terminated, as the driver loads it) and each packed weight, scales and bias under
@@ -27,18 +32,20 @@ import hashlib
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.delegate import blob
 from pipeline.delegate.blob import BlobMetadata, EngineRef, IOBinding
 from pipeline.errors import BlobFormatError
-from pipeline.kernels import formats
+from pipeline.kernels import decode_attention, formats
 
 MAGIC = b"TP01"
 KERNELS_PREFIX = "pipeline.kernels."
 WEIGHT_PREFIX = "pipeline.weight."
 _KERNEL = re.compile(r"dp_(fp16|int4|fp8)_t[1-8]")
+ATTENTION = "decode_attention"  # an attention step's "kernel"
 
 
 @dataclass(frozen=True)
@@ -96,10 +103,29 @@ class KernelStep:
 
 
 @dataclass(frozen=True)
+class AttentionStep:
+    module: DataRef
+    scale_bits: int  # the scale as float32 bits: both readers take it exactly
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    @property
+    def scale(self) -> float:
+        return float(struct.unpack("<f", struct.pack("<I", self.scale_bits))[0])
+
+    @staticmethod
+    def bits(scale: float) -> int:
+        return int(struct.unpack("<I", struct.pack("<f", scale))[0])
+
+
+Step = EngineStep | KernelStep | AttentionStep
+
+
+@dataclass(frozen=True)
 class Plan:
     io_bindings: tuple[IOBinding, ...]
     values: tuple[IOBinding, ...]
-    steps: tuple[EngineStep | KernelStep, ...]
+    steps: tuple[Step, ...]
 
     @property
     def inputs(self) -> tuple[IOBinding, ...]:
@@ -128,9 +154,12 @@ def encode(plan: Plan) -> bytes:
     return blob.HEADER.pack(MAGIC, blob.HEADER.size, len(js), 0, 0, b"\x01" + b"\x00" * 7) + js
 
 
-def _step_doc(step: EngineStep | KernelStep) -> dict[str, Any]:
+def _step_doc(step: Step) -> dict[str, Any]:
     if isinstance(step, EngineStep):
         return {"engine": blob.engine_doc(step.engine, step.meta), "engine_size": step.engine.size,
+                "inputs": list(step.inputs), "outputs": list(step.outputs)}
+    if isinstance(step, AttentionStep):
+        return {"kernel": ATTENTION, "module": step.module.to_json(), "scale_bits": step.scale_bits,
                 "inputs": list(step.inputs), "outputs": list(step.outputs)}
     return {"kernel": step.kernel, "module": step.module.to_json(), "weight": step.weight.to_json(),
             "scales": step.scales.to_json() if step.scales else None, "bias": step.bias.to_json() if step.bias else None,
@@ -163,11 +192,16 @@ def decode(payload: bytes | memoryview) -> Plan:
     return plan
 
 
-def _step(doc: Any) -> EngineStep | KernelStep:
+def _step(doc: Any) -> Step:
     inputs, outputs = tuple(str(n) for n in doc["inputs"]), tuple(str(n) for n in doc["outputs"])
     if "engine" in doc:
         meta, ref = blob.engine_from_doc(doc["engine"], int(doc["engine_size"]))
         return EngineStep(meta, ref, inputs, outputs)
+    if doc["kernel"] == ATTENTION:
+        bits = doc["scale_bits"]
+        if type(bits) is not int or not 0 <= bits < 2**32:
+            raise ValueError(f"scale_bits {bits!r} are not a float32's bits")
+        return AttentionStep(DataRef.from_json(doc["module"]), bits, inputs, outputs)
     optional = {name: DataRef.from_json(doc[name]) if doc[name] is not None else None for name in ("scales", "bias")}
     return KernelStep(str(doc["kernel"]), DataRef.from_json(doc["module"]), DataRef.from_json(doc["weight"]),
                       optional["scales"], optional["bias"], int(doc["n"]), int(doc["k"]), int(doc["group"]),
@@ -188,17 +222,7 @@ def check(plan: Plan) -> None:
         missing = [n for n in step.inputs if n not in known]
         if missing:
             raise BlobFormatError(f"{where} reads {missing}, which no input or earlier step gives")
-        if isinstance(step, EngineStep):
-            if (len(step.inputs), len(step.outputs)) != (len(step.meta.inputs), len(step.meta.outputs)):
-                raise BlobFormatError(f"{where} binds {len(step.inputs)} + {len(step.outputs)} names to an engine of "
-                                      f"{len(step.meta.inputs)} inputs and {len(step.meta.outputs)} outputs")
-            aliased = {b.aliases: n for b, n in zip(step.meta.outputs, step.outputs) if b.aliases}
-            bound = dict(zip((b.name for b in step.meta.inputs), step.inputs))
-            if any(bound[a] != n for a, n in aliased.items()):
-                raise BlobFormatError(f"{where}: an output written in place is not named as the input it updates")
-        elif not _KERNEL.fullmatch(step.kernel) or len(step.inputs) != 1 or len(step.outputs) != 1:
-            raise BlobFormatError(f"{where} runs kernel {step.kernel!r} with {list(step.inputs)} -> {list(step.outputs)}; "
-                                  "a kernel of this project takes one x and writes one y")
+        _check_arity(where, step)
         unknown = [n for n in step.outputs if n not in shapes]
         if unknown:
             raise BlobFormatError(f"{where} writes {unknown}, which the plan does not declare")
@@ -209,15 +233,47 @@ def check(plan: Plan) -> None:
         raise BlobFormatError(f"TensorRT plan never writes its outputs {unwritten}")
 
 
-def _check_sizes(where: str, step: EngineStep | KernelStep, shapes: dict[str, IOBinding]) -> None:
+def _check_arity(where: str, step: Step) -> None:
+    """A step binds as many names as it reads and writes: an engine its bindings (an output written in
+    place named as the input it updates), an attention q, k, v (a mask) -> o and its workspace, a product
+    one x -> one y."""
+    if isinstance(step, EngineStep):
+        if (len(step.inputs), len(step.outputs)) != (len(step.meta.inputs), len(step.meta.outputs)):
+            raise BlobFormatError(f"{where} binds {len(step.inputs)} + {len(step.outputs)} names to an engine of "
+                                  f"{len(step.meta.inputs)} inputs and {len(step.meta.outputs)} outputs")
+        aliased = {b.aliases: n for b, n in zip(step.meta.outputs, step.outputs) if b.aliases}
+        bound = dict(zip((b.name for b in step.meta.inputs), step.inputs))
+        if any(bound[a] != n for a, n in aliased.items()):
+            raise BlobFormatError(f"{where}: an output written in place is not named as the input it updates")
+    elif isinstance(step, AttentionStep):
+        if len(step.inputs) not in (3, 4) or len(step.outputs) != 2:
+            raise BlobFormatError(f"{where} runs the decode attention with {list(step.inputs)} -> {list(step.outputs)}; "
+                                  "it takes q, k, v and perhaps a mask, and writes o and its workspace")
+    elif not _KERNEL.fullmatch(step.kernel) or len(step.inputs) != 1 or len(step.outputs) != 1:
+        raise BlobFormatError(f"{where} runs kernel {step.kernel!r} with {list(step.inputs)} -> {list(step.outputs)}; "
+                              "a kernel of this project takes one x and writes one y")
+
+
+def _check_sizes(where: str, step: Step, shapes: dict[str, IOBinding]) -> None:
     """What a step reads and writes is sized from its values: an engine's bindings take them; a
-    kernel's x and y are [T, k] and [T, n] in float16 for its T, and its grid covers n rows."""
+    kernel's x and y are [T, k] and [T, n] in float16 for its T, and its grid covers n rows; an
+    attention's values are of sizes its kernels take, and its workspace holds what they write."""
     if isinstance(step, EngineStep):
         for b, name in zip((*step.meta.inputs, *step.meta.outputs), (*step.inputs, *step.outputs)):
             value, spec = shapes[name], b.spec  # a dynamic dim without bounds takes any size
             if value.dtype != b.dtype or len(value.shape) != len(b.shape) or any(
                     not lo <= d <= hi for d, lo, hi in zip(value.shape, spec.min, spec.max)):
                 raise BlobFormatError(f"{where} binds {name!r} to an engine binding of another dtype or shape")
+        return
+    if isinstance(step, AttentionStep):
+        q, k, v, *mask = (shapes[n] for n in step.inputs)
+        o, workspace = (shapes[n] for n in step.outputs)
+        sizes = decode_attention.sizes(q.shape, k.shape, v.shape, mask[0].shape if mask else None)
+        if isinstance(sizes, str) or any(b.dtype != "float16" for b in (q, k, v, *mask, o)) or \
+                math.prod(o.shape) != math.prod(q.shape) or \
+                workspace.dtype != "float32" or math.prod(workspace.shape) < sizes.workspace:
+            raise BlobFormatError(f"{where} runs the decode attention on values it does not take "
+                                  f"({sizes if isinstance(sizes, str) else 'their dtypes, o or the workspace'})")
         return
     x, y = shapes[step.inputs[0]], shapes[step.outputs[0]]
     tokens = math.prod(x.shape) // step.k if x.shape and x.shape[-1] == step.k else 0
@@ -242,6 +298,8 @@ def delegate_view(payload: bytes | memoryview) -> tuple[BlobMetadata, list[Engin
     for step in plan.steps:
         if isinstance(step, KernelStep):
             refs += [r for r in (step.module, step.weight, step.scales, step.bias) if r is not None]
+        elif isinstance(step, AttentionStep):
+            refs.append(step.module)
     return BlobMetadata(plan.io_bindings), list({r.key: r for r in refs}.values())
 
 

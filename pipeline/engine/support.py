@@ -24,8 +24,8 @@ def refusal_reason(node: torch.fx.Node, spec: TensorRTCompileSpec) -> str | None
     if node.target is operator.getitem:
         return None
     name = _op_name(node.target)
-    if name.startswith("pipeline.decode_product"):
-        return "runs in the project's decode-product kernel (compile.decode_kernels)"
+    if name.startswith(("pipeline.decode_product", "pipeline.decode_attention")):
+        return "runs in the project's decode kernels (compile.decode_kernels)"
     if any(_names(entry, name) for entry in spec.torch_executed_ops):
         return f"kept out of TensorRT by compile spec torch_executed_ops ({name})"
     record = lookup(node.target)

@@ -13,37 +13,8 @@
 //   fp8   W: [N, K] e4m3 bytes; scales: [N] float32 (one per row).
 // x, bias and y are fp16; accumulation is float.
 //
-// This source is compiled twice: by NVRTC to PTX (the program carries it; `__CUDACC_RTC__`), and by
-// the host's C++ compiler for the tests, where `dp_host` runs the same lane code one lane at a time
-// (the CPU's check of the layouts and the arithmetic).
-#ifdef __CUDACC_RTC__
-#include <cuda_fp16.h>
-#define DP_INLINE __device__ __forceinline__
-#define DP_UNROLL _Pragma("unroll")  // every loop of constant count in a chunk: its arrays stay in registers
-typedef unsigned int u32;
-typedef unsigned short u16;
-DP_INLINE float h2f(u16 bits) { return __half2float(__ushort_as_half(bits)); }
-DP_INLINE u16 f2h(float v) { return __half_as_ushort(__float2half_rn(v)); }
-DP_INLINE float bits_float(u32 bits) { return __uint_as_float(bits); }
-struct Chunk { u32 w[4]; };
-DP_INLINE Chunk load16(const void* p) {
-  uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-  Chunk c = {{v.x, v.y, v.z, v.w}};
-  return c;
-}
-#else
-#include <cstring>
-#define DP_INLINE inline
-#define DP_UNROLL
-typedef unsigned int u32;
-typedef unsigned short u16;
-inline float h2f(u16 bits) { _Float16 h; std::memcpy(&h, &bits, 2); return static_cast<float>(h); }
-inline u16 f2h(float v) { _Float16 h = static_cast<_Float16>(v); u16 b; std::memcpy(&b, &h, 2); return b; }
-inline float bits_float(u32 bits) { float f; std::memcpy(&f, &bits, 4); return f; }
-struct Chunk { u32 w[4]; };
-inline Chunk load16(const void* p) { Chunk c; std::memcpy(c.w, p, 16); return c; }
-#endif
-
+// Compiled after prelude.cuh (pipeline/kernels/ptx.py's SOURCES); `dp_host` runs the same lane code
+// one lane at a time on the CPU (the tests' check of the layouts and the arithmetic).
 enum { kFp16 = 0, kInt4 = 1, kFp8 = 2 };
 enum { kWarp = 32, kWarpsPerBlock = 4 };
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import RuntimeUnavailableError
-from pipeline.kernels import formats
+from pipeline.kernels import decode_attention, formats
 from pipeline.kernels.formats import PackedWeight
 
 
@@ -61,12 +61,14 @@ class Module:
             self._functions[name] = handle
         return self._functions[name]
 
-    def launch(self, name: str, grid: int, block: int, args: Sequence[Any], stream: torch.cuda.Stream | None = None) -> None:
-        """Launch `name` on `stream` (default: PyTorch's current one) with `args` (ctypes values, in its
-        parameter order)."""
+    def launch(self, name: str, grid: int | tuple[int, int, int], block: int, args: Sequence[Any],
+               stream: torch.cuda.Stream | None = None) -> None:
+        """Launch `name` on `stream` (default: PyTorch's current one) over `grid` blocks (x, or x, y, z) with
+        `args` (ctypes values, in its parameter order)."""
+        x, y, z = grid if isinstance(grid, tuple) else (grid, 1, 1)
         pointers = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
         handle = ctypes.c_void_p((stream or torch.cuda.current_stream()).cuda_stream)
-        _check(_cuda().cuLaunchKernel(self.function(name), grid, 1, 1, block, 1, 1, 0, handle, pointers, None), f"cuLaunchKernel({name})")
+        _check(_cuda().cuLaunchKernel(self.function(name), x, y, z, block, 1, 1, 0, handle, pointers, None), f"cuLaunchKernel({name})")
 
 
 _LOADED: dict[tuple[int, str], Module] = {}
@@ -90,4 +92,18 @@ def product(module: Module, x: torch.Tensor, weight: PackedWeight, out: torch.Te
             ctypes.c_void_p(bias.data_ptr() if bias is not None else 0), ctypes.c_void_p(out.data_ptr()),
             ctypes.c_int(weight.n), ctypes.c_int(weight.k), ctypes.c_int(weight.group)]
     module.launch(formats.kernel_name(weight.format, tokens), formats.grid(weight.n, weight.format), formats.THREADS, args, stream)
+    return out
+
+
+def attention(module: Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              workspace: torch.Tensor, out: torch.Tensor, scale: float, sizes: decode_attention.Sizes,
+              stream: torch.cuda.Stream | None = None) -> torch.Tensor:
+    """out = the decode attention of q over k and v (`decode_attention.cu`) on `stream` (default: PyTorch's
+    current one), its two kernels in turn; every tensor on the GPU, contiguous, of `sizes` (workspace:
+    float32 of `sizes.workspace` values)."""
+    pointer = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)  # noqa: E731
+    args = [pointer(q), pointer(k), pointer(v), pointer(mask), pointer(workspace), pointer(out),
+            *(ctypes.c_int(d) for d in sizes), ctypes.c_float(scale)]
+    for name, grid in zip((decode_attention.SPLIT, decode_attention.COMBINE), sizes.grids):
+        module.launch(name, grid, decode_attention.THREADS, args, stream)
     return out

@@ -46,7 +46,7 @@ def _compute(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None,
     packed = packed_of(x, weight, scales)
     rows = x.reshape(-1, x.shape[-1])
     if x.is_cuda:
-        driver.product(_module(kernels), rows.contiguous(), packed, out.view(-1, packed.n), bias)
+        driver.product(module_of(kernels), rows.contiguous(), packed, out.view(-1, packed.n), bias)
     else:
         out.copy_(formats.reference(rows, packed, bias).to(out.dtype).reshape(out.shape))
     return out
@@ -55,7 +55,7 @@ def _compute(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor | None,
 _MODULES: dict[tuple[int, int, str], Any] = {}
 
 
-def _module(kernels: torch.Tensor) -> Any:
+def module_of(kernels: torch.Tensor) -> Any:
     """The PTX constant's module, looked up by the constant (its bytes are read and hashed once, not at
     every call of a decode step)."""
     key = (kernels.data_ptr(), kernels.numel(), str(kernels.device))

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from pipeline.errors import RuntimeUnavailableError
 
-SOURCE = "decode_products.cu"
+# The kernels' sources, compiled as one text (one PTX module every kernel step of a program names).
+SOURCES = ("prelude.cuh", "decode_products.cu", "decode_attention.cu")
+NAME = "decode_kernels.cu"  # the text's name in NVRTC's messages
 # The virtual architecture the PTX is written for: the driver compiles it for any GPU of compute
 # capability 8.0 or later (A100, H100, H200, L40, Blackwell).
 ARCH = "compute_80"
@@ -24,8 +26,8 @@ _OPTIONS = ("-std=c++17", "--use_fast_math", "-default-device")
 
 
 def source() -> str:
-    """The kernels' CUDA C source (package data)."""
-    return resources.files("pipeline.kernels").joinpath(SOURCE).read_text()
+    """The kernels' CUDA C source (package data), as NVRTC and the tests' host compiler take it."""
+    return "\n".join(resources.files("pipeline.kernels").joinpath(name).read_text() for name in SOURCES)
 
 
 def _cuda_root() -> Path | None:
@@ -80,7 +82,7 @@ def compile_ptx(text: str, arch: str = ARCH) -> bytes:
     """
     lib = _nvrtc()
     program = ctypes.c_void_p()
-    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(program), text.encode(), SOURCE.encode(), 0, None, None), "nvrtcCreateProgram")
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(program), text.encode(), NAME.encode(), 0, None, None), "nvrtcCreateProgram")
     try:
         options = [*_OPTIONS, f"--gpu-architecture={arch}"]
         root = _cuda_root()
@@ -93,7 +95,7 @@ def compile_ptx(text: str, arch: str = ARCH) -> bytes:
             lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
             log = ctypes.create_string_buffer(size.value)
             lib.nvrtcGetProgramLog(program, log)
-            raise RuntimeUnavailableError(f"NVRTC could not compile {SOURCE} for {arch}: {log.value.decode(errors='replace').strip()}")
+            raise RuntimeUnavailableError(f"NVRTC could not compile {NAME} for {arch}: {log.value.decode(errors='replace').strip()}")
         size = ctypes.c_size_t()
         _check(lib, lib.nvrtcGetPTXSize(program, ctypes.byref(size)), "nvrtcGetPTXSize")
         ptx = ctypes.create_string_buffer(size.value)
@@ -110,7 +112,7 @@ def _check(lib: ctypes.CDLL, status: int, call: str) -> None:
 
 
 def kernels_ptx() -> bytes:
-    """The decode-product kernels' PTX (compiled once a process)."""
+    """The kernels' PTX (compiled once a process)."""
     return compile_ptx(source())
 
 

@@ -30,6 +30,7 @@ from pipeline.engine.network import GraphSource, holds_channels_last
 from pipeline.errors import ExportError, PipelineError, UnsupportedOperatorError
 from pipeline.lowering.complex_pairs import complex_as_pairs
 from pipeline.lowering.constant_fold import ENGINE_COMPUTES, attr, content_digest, fold_constants, written_buffers
+from pipeline.lowering.decode_attention import take_attention
 from pipeline.lowering.decode_products import take_products
 from pipeline.lowering.engine_check import checked, example_values
 from pipeline.lowering.fused_attention import fuse_attention
@@ -162,6 +163,7 @@ def compile_program(program: ExportedProgram, example_inputs: Sequence[Any], spe
                     "own: slower and larger in device memory than fp16 (docs/quantization.md); int4_weight_only is not",
                     method)
     take_products(gm, spec, state, method)
+    take_attention(gm, spec, method)
     engines, plans = _replace_partitions(gm, program.range_constraints, spec, method, cache, state, example_inputs)
     quantize.say_what_was_quantized(spec.quantize, plans, method)
     drop_metadata_asserts(gm)  # numbers an engine now computes inside, which only assertions read outside

@@ -57,7 +57,7 @@ def take_products(gm: torch.fx.GraphModule, spec: TensorRTCompileSpec, state: fr
     if not found:
         log.info("method %r: no product of 1 to 8 fp16 tokens with a constant weight, so no kernel of ours", method)
         return 0
-    kernels = _constant(gm, torch.frombuffer(bytearray(ptx.kernels_ptx()), dtype=torch.uint8), "_decode_kernels")
+    kernels = constant(gm, torch.frombuffer(bytearray(ptx.kernels_ptx()), dtype=torch.uint8), "_decode_kernels")
     groups: dict[tuple[torch.fx.Node, str], list[_Product]] = {}
     for product in found:
         groups.setdefault((product.x, product.format), []).append(product)
@@ -111,7 +111,7 @@ def _constant_node(node: object, state: frozenset[str]) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "get_attr" and str(node.target) not in state
 
 
-def _constant(gm: torch.fx.GraphModule, value: torch.Tensor, prefix: str) -> str:
+def constant(gm: torch.fx.GraphModule, value: torch.Tensor, prefix: str) -> str:
     name = f"{prefix}_{content_digest(value)}"
     if not hasattr(gm, name):
         gm.register_buffer(name, value)
@@ -124,9 +124,9 @@ def _replace(gm: torch.fx.GraphModule, group: Sequence[_Product], kernels: str) 
     bias = None
     if any(p.bias is not None for p in group):
         bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.weight.shape[0]) for p in group])
-    names = [_constant(gm, packed.weight, "_decode_weight"),
-             None if packed.scales is None else _constant(gm, packed.scales, "_decode_scales"),
-             None if bias is None else _constant(gm, bias.to(torch.float16), "_decode_bias"), kernels]
+    names = [constant(gm, packed.weight, "_decode_weight"),
+             None if packed.scales is None else constant(gm, packed.scales, "_decode_scales"),
+             None if bias is None else constant(gm, bias.to(torch.float16), "_decode_bias"), kernels]
     first = group[0].node
     with gm.graph.inserting_before(first):
         args = [group[0].x, *(None if n is None else gm.graph.get_attr(n) for n in names)]

@@ -17,7 +17,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from pipeline.delegate.blob import BACKEND_ID
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.executorch_api import decomposition_table
-from pipeline.kernels.product_op import is_decode_product
+from pipeline.kernels.calls import is_kernel_call
 from pipeline.lowering import backend as _backend  # noqa: F401  (ExecuTorch finds TensorRTBackend by subclass)
 from pipeline.lowering.partitioning import RECORD_KEY, is_operator, preserved_ops, propose, refused_op, symbol_ranges
 from pipeline.lowering.plans import is_planned
@@ -124,7 +124,7 @@ def _planned_groups(graph_module: torch.fx.GraphModule) -> list[list[torch.fx.No
     kernels (`compile.decode_kernels`), each maximal connected run of engine and kernel calls (no other
     op between them) is one delegate, which runs them as a plan (`lowering/plans.py`)."""
     nodes = list(graph_module.graph.nodes)
-    if not any(is_decode_product(n) for n in nodes):
+    if not any(is_kernel_call(n) for n in nodes):
         return [[n] for n in nodes if is_engine_call(n)]
     order = {n: i for i, n in enumerate(nodes)}
     proposals = CapabilityBasedPartitioner(graph_module, _Planned(), allows_single_node_partition=True).propose_partitions()

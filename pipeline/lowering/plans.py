@@ -15,14 +15,16 @@ from pipeline.delegate import blob, plan
 from pipeline.delegate.blob import IOBinding
 from pipeline.engine.network import graph_source
 from pipeline.errors import BlobFormatError
-from pipeline.kernels import formats
-from pipeline.kernels.product_op import is_decode_product, packed_of
+from pipeline.kernels import decode_attention, formats
+from pipeline.kernels.attention_op import is_decode_attention
+from pipeline.kernels.calls import is_kernel_call
+from pipeline.kernels.product_op import packed_of
 from pipeline.runtime.engine_op import is_engine_call
 
 
 def is_planned(node: torch.fx.Node) -> bool:
     """A call a plan takes: an engine call, or one of the project's kernels."""
-    return is_engine_call(node) or is_decode_product(node)
+    return is_engine_call(node) or is_kernel_call(node)
 
 
 def build_plan(program: ExportedProgram) -> tuple[bytes, dict[str, bytes], dict[str, Any]] | None:
@@ -33,7 +35,7 @@ def build_plan(program: ExportedProgram) -> tuple[bytes, dict[str, bytes], dict[
         BlobFormatError: a value of a dynamic shape, or an output no step writes.
     """
     calls = [n for n in program.graph.nodes if is_planned(n)]
-    if not any(is_decode_product(n) for n in calls):
+    if not any(is_kernel_call(n) for n in calls):
         return None
     constants = graph_source(program).constants
     names: dict[torch.fx.Node, str] = {}
@@ -45,10 +47,12 @@ def build_plan(program: ExportedProgram) -> tuple[bytes, dict[str, bytes], dict[
     produced = list(out_node.args[0])
     data: dict[str, bytes] = {}
     values: list[IOBinding] = []
-    steps: list[plan.EngineStep | plan.KernelStep] = []
+    steps: list[plan.Step] = []
     for call in calls:
         if is_engine_call(call):
             steps.append(_engine_step(call, constants, names, produced, values, data))
+        elif is_decode_attention(call):
+            steps.append(_attention_step(call, constants, names, produced, values, data))
         else:
             steps.append(_kernel_step(call, constants, names, produced, values, data))
     for j, node in enumerate(produced):
@@ -56,6 +60,7 @@ def build_plan(program: ExportedProgram) -> tuple[bytes, dict[str, bytes], dict[
         io.append(_binding(f"output_{j}", node, False, name if name.startswith("input_") else ""))
     built = plan.Plan(tuple(io), tuple(values), tuple(steps))
     stats = {"plan_steps": len(steps), "engines": len(built.engines), "kernels": len(steps) - len(built.engines),
+             "attention_kernels": sum(isinstance(s, plan.AttentionStep) for s in steps),
              "kernel_weight_bytes": sum(len(v) for k, v in data.items() if k.startswith(plan.WEIGHT_PREFIX))}
     return plan.encode(built), data, stats
 
@@ -113,22 +118,42 @@ def _kernel_step(call: torch.fx.Node, constants: dict[str, Any], names: dict[tor
     packed = packed_of(value, constants[weight.name], None if scales is None else constants[scales.name])
     tokens = int(value.numel() // value.shape[-1])
 
-    def stored(node: torch.fx.Node | None, prefix: str) -> plan.DataRef | None:
-        if node is None:
-            return None
-        tensor = constants[node.name]
-        if tensor is None:
-            raise BlobFormatError(f"kernel call {call.name} reads {node.name} at run time; its weights must be constants")
-        raw = tensor.contiguous().cpu().view(torch.uint8).numpy().tobytes()
-        ref = plan.DataRef.of(raw, prefix)
-        data[ref.key] = raw
-        return ref
-
-    module, packed_weight = stored(kernels, plan.KERNELS_PREFIX), stored(weight, plan.WEIGHT_PREFIX)
+    module, packed_weight = _stored(call, kernels, plan.KERNELS_PREFIX, constants, data), _stored(call, weight, plan.WEIGHT_PREFIX, constants, data)
     assert module is not None and packed_weight is not None
     if dtypes.name_of(value.dtype) != "float16":
         raise BlobFormatError(f"kernel call {call.name} takes {value.dtype}; the kernels take float16")
     return plan.KernelStep(formats.kernel_name(packed.format, tokens), module, packed_weight,
-                           stored(scales, plan.WEIGHT_PREFIX), stored(bias, plan.WEIGHT_PREFIX), packed.n, packed.k,
+                           _stored(call, scales, plan.WEIGHT_PREFIX, constants, data),
+                           _stored(call, bias, plan.WEIGHT_PREFIX, constants, data), packed.n, packed.k,
                            packed.group, formats.grid(packed.n, packed.format), formats.THREADS, (names[x],),
                            (_value(call, names, produced, values),))
+
+
+def _stored(call: torch.fx.Node, node: torch.fx.Node | None, prefix: str, constants: dict[str, Any],
+            data: dict[str, bytes]) -> plan.DataRef | None:
+    """The named-data entry of the constant `node` a kernel call reads (None for None)."""
+    if node is None:
+        return None
+    tensor = constants.get(node.name)
+    if tensor is None:
+        raise BlobFormatError(f"kernel call {call.name} reads {node.name} at run time; its weights must be constants")
+    raw = tensor.contiguous().cpu().view(torch.uint8).numpy().tobytes()
+    ref = plan.DataRef.of(raw, prefix)
+    data[ref.key] = raw
+    return ref
+
+
+def _attention_step(call: torch.fx.Node, constants: dict[str, Any], names: dict[torch.fx.Node, str], produced: list[Any],
+                    values: list[IOBinding], data: dict[str, bytes]) -> plan.AttentionStep:
+    q, k, v, mask, scale, kernels, _ = call.args  # the shape: the output value's
+    module = _stored(call, kernels, plan.KERNELS_PREFIX, constants, data)
+    assert module is not None
+    sizes = decode_attention.sizes(q.meta["val"].shape, k.meta["val"].shape, v.meta["val"].shape,
+                                   None if mask is None else mask.meta["val"].shape)
+    if isinstance(sizes, str):
+        raise BlobFormatError(f"attention call {call.name}: {sizes}")
+    out = _value(call, names, produced, values)
+    workspace = f"value_{len(values)}"
+    values.append(IOBinding(workspace, "float32", (sizes.workspace,), False))
+    inputs = tuple(names[a] for a in (q, k, v, *([mask] if mask is not None else [])))
+    return plan.AttentionStep(module, plan.AttentionStep.bits(float(scale)), inputs, (out, workspace))

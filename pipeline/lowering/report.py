@@ -43,7 +43,7 @@ def engine_entry(module: LoweredBackendModule) -> dict[str, Any]:
         engines = [r for r in refs if isinstance(r, blob.EngineRef)]
         info = module.meta.get("_delegate_info_meta") or {}
         if plan.is_plan(module.processed_bytes):  # engines and the project's kernels in turn (`delegate/plan.py`)
-            entry["plan"] = {k: info.get(k) for k in ("plan_steps", "engines", "kernels", "kernel_weight_bytes")}
+            entry["plan"] = {k: info.get(k) for k in ("plan_steps", "engines", "kernels", "attention_kernels", "kernel_weight_bytes")}
         entry.update(
             engine_bytes=sum(r.size for r in engines),
             engine_key=engines[0].key if len(engines) == 1 else [r.key for r in engines],

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import RuntimeUnavailableError
-from pipeline.kernels import product_op  # noqa: F401  (registers pipeline::decode_product, which programs may call)
+from pipeline.kernels import calls  # noqa: F401  (registers the kernels' ops, pipeline::decode_*, which programs may call)
 from pipeline.runtime.values import dtype_of
 
 # executorch_prim ops write their result into their last argument.

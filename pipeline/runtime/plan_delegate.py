@@ -10,7 +10,7 @@ import torch
 
 from pipeline.delegate import plan as plans
 from pipeline.engine import build_env
-from pipeline.kernels import driver, formats
+from pipeline.kernels import decode_attention, driver, formats
 from pipeline.runtime.engine_runner import EngineRunner
 
 
@@ -26,7 +26,8 @@ class PlanDelegate:
         self.fresh: frozenset[int] = frozenset()
         self.donated: frozenset[int] = frozenset()
         self._buffers = {v.name: torch.empty(v.shape, dtype=v.torch_dtype, device="cuda") for v in plan.values}
-        self._steps = [self._engine(s, program) if isinstance(s, plans.EngineStep) else self._kernel(s, program)
+        self._steps = [self._engine(s, program) if isinstance(s, plans.EngineStep) else
+                       self._attention(s, program) if isinstance(s, plans.AttentionStep) else self._kernel(s, program)
                        for s in plan.steps]
 
     def _engine(self, step: plans.EngineStep, program: Any) -> Any:
@@ -40,10 +41,28 @@ class PlanDelegate:
                 local[name] = out
         return run
 
-    def _kernel(self, step: plans.KernelStep, program: Any) -> Any:
+    @staticmethod
+    def _module(step: plans.KernelStep | plans.AttentionStep, program: Any) -> driver.Module:
         named = program.file.named
         plans.check_data([step.module], named, checked=True)  # `read` checked the file holding it
-        module = driver.load(named[step.module.key])
+        return driver.load(named[step.module.key])
+
+    def _attention(self, step: plans.AttentionStep, program: Any) -> Any:
+        module, stream = self._module(step, program), program.stream
+        shapes = {v.name: v.shape for v in (*self.plan.io_bindings, *self.plan.values)}
+        q, k, v, *mask = step.inputs
+        sizes = decode_attention.sizes(shapes[q], shapes[k], shapes[v], shapes[mask[0]] if mask else None)
+        assert not isinstance(sizes, str)  # the plan's check took it
+        out, workspace = step.outputs
+
+        def run(local: dict[str, torch.Tensor]) -> None:
+            driver.attention(module, local[q], local[k], local[v], local[mask[0]] if mask else None, local[workspace],
+                             local[out], step.scale, sizes, stream)
+        return run
+
+    def _kernel(self, step: plans.KernelStep, program: Any) -> Any:
+        named = program.file.named
+        module = self._module(step, program)
 
         def tensor(ref: plans.DataRef | None, dtype: torch.dtype) -> torch.Tensor | None:
             if ref is None:

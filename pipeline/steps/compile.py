@@ -15,7 +15,7 @@ from pipeline.engine.cache import EngineCache
 from pipeline.engine.support import check_executed_ops
 from pipeline.errors import ConfigError, ExportError
 from pipeline.files import atomic_dir
-from pipeline.kernels.product_op import is_decode_product
+from pipeline.kernels.calls import is_kernel_call
 from pipeline.lowering.compile import compile_program, export_method, written_state
 from pipeline.models import weight_files
 from pipeline.steps.intermediates import save_constants, save_exported
@@ -88,7 +88,7 @@ def _compile_methods(cfg: PipelineConfig, model: Any, out_dir: str | Path, cache
                                           objects.declared_values(methods[method]))
                 save_exported(program, tmp / f"{method}.pt2")
             timings[method] = round(timings[method] + seconds(), 2)
-            kernel_calls += sum(is_decode_product(n) for n in program.graph.nodes)
+            kernel_calls += sum(is_kernel_call(n) for n in program.graph.nodes)
     if any(spec.decode_kernels for spec in specs.values()) and not kernel_calls:
         log.warning("compile.decode_kernels is on, but no method has a product the project's kernels take (1 to 8 "
                     "tokens of float16, a static shape: decode as a method of its own, model.kwargs.dtype=float16, as "

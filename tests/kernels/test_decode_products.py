@@ -5,29 +5,14 @@ from __future__ import annotations
 
 import ctypes
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.engine.quantize import WeightScheme, simulated
-from pipeline.kernels import formats, ptx
+from pipeline.kernels import decode_attention, formats, ptx
 
 CASES = [("fp16", 37, 1096), ("int4", 37, 1024), ("int4", 5, 2048), ("fp8", 37, 1072), ("fp8", 3, 16)]
-
-
-@pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The kernels' source built for the CPU (`dp_host` runs every lane of every row in turn)."""
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++")
-    source = Path(formats.__file__).with_name(ptx.SOURCE)
-    lib = tmp_path_factory.mktemp("kernels") / "decode_products_host.so"
-    subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-x", "c++", "-shared", "-fPIC",
-                    str(source), "-o", str(lib)], check=True)
-    return ctypes.CDLL(str(lib))
 
 
 def _run_host(host: ctypes.CDLL, x: torch.Tensor, p: formats.PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -94,7 +79,8 @@ def test_weights_a_kernel_cannot_take_are_refused_in_one_line(format: str, n: in
 def test_the_ptx_holds_every_kernel_for_the_virtual_architecture() -> None:
     text = ptx.kernels_ptx().decode()
     entries = set(re.findall(r"\.entry (\w+)\(", text))
-    assert entries == {formats.kernel_name(f, t) for f in formats.FORMATS for t in range(1, formats.MAX_TOKENS + 1)}
+    products = {formats.kernel_name(f, t) for f in formats.FORMATS for t in range(1, formats.MAX_TOKENS + 1)}
+    assert entries == products | {decode_attention.SPLIT, decode_attention.COMBINE}
     assert re.search(r"^\.target sm_80\b", text, re.M)
     assert "ld.global.nc.v4" in text  # weights read 16 bytes at a time, through the read-only path
     with pytest.raises(ValueError, match="1 to 8 tokens"):

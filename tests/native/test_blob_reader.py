@@ -18,7 +18,7 @@ import torch
 from pipeline import dtypes
 from pipeline.delegate import blob, plan
 from pipeline.errors import BlobFormatError
-from pipeline.kernels import formats
+from pipeline.kernels import decode_attention, formats
 
 NATIVE = Path(__file__).resolve().parents[2] / "native"
 
@@ -190,3 +190,41 @@ def test_plans_read_as_the_pipeline_reads_them_and_damage_is_refused(reader: Pat
         else:
             assert line.startswith("ERR TensorRT ") and "\n" not in line
     assert all(line.startswith("ERR") for line in results[-5:])  # a kernel of other tokens, sizes, reads; an alias
+
+
+def an_attention_plan() -> bytes:
+    """A plan as `lowering/plans.py` writes a decode attention: q [1, 4, 1, 8] over a cache of 70 positions
+    of 2 K/V heads, a mask, o with its heads merged and the workspace the kernels fill."""
+    sizes = decode_attention.sizes((1, 4, 1, 8), (1, 2, 70, 8), (1, 2, 70, 8), (1, 1, 1, 70))
+    assert not isinstance(sizes, str)
+    io = (blob.IOBinding("input_0", "float16", (1, 4, 1, 8), True), blob.IOBinding("input_1", "float16", (1, 2, 70, 8), True),
+          blob.IOBinding("input_2", "float16", (1, 2, 70, 8), True), blob.IOBinding("input_3", "float16", (1, 1, 1, 70), True),
+          blob.IOBinding("output_0", "float16", (1, 1, 32), False))
+    step = plan.AttentionStep(plan.DataRef.of(b"ptx\0", plan.KERNELS_PREFIX), plan.AttentionStep.bits(8 ** -0.5),
+                              ("input_0", "input_1", "input_2", "input_3"), ("output_0", "value_0"))
+    return plan.encode(plan.Plan(io, (blob.IOBinding("value_0", "float32", (sizes.workspace,), False),), (step,)))
+
+
+def test_attention_steps_read_as_the_pipeline_reads_them(reader: Path, tmp_path: Path) -> None:
+    """An attention step natively: read whole, its scale exact; a workspace short of what the kernels write,
+    a mask for each head, K/V heads that do not divide the query heads, o of other values, a scale that is
+    no float32's bits, a value never written and a step of one output are refused by both readers in one
+    line; no damaged plan is taken by the native reader alone."""
+    seed = an_attention_plan()
+    assert plan.decode(seed).steps[0].scale == pytest.approx(8 ** -0.5, rel=1e-7)
+    damaged = [seed.replace(old, new.ljust(len(old))) for old, new in (  # the same length: the header frames it
+        (b'"shape":[80]', b'"shape":[79]'),  # 2 chunks of 64 positions x 4 query rows x (8 values + 2)
+        (b'[1,1,1,70]', b'[1,4,1,70]'), (b'"shape":[1,2,70,8]', b'"shape":[1,3,70,8]'), (b'[1,1,32]', b'[1,1,31]'),
+        (b'"scale_bits":1', b'"scale_bits":-'), (b'"input_3"]', b'"input_9"]'),
+        (b'"outputs":["output_0","value_0"]', b'"outputs":["output_0"]'))]
+    rng, flipped = random.Random(2), []
+    for _ in range(400):
+        data = bytearray(seed)
+        data[blob.HEADER.size + rng.randrange(len(seed) - blob.HEADER.size)] ^= 1 << rng.randrange(8)
+        flipped.append(bytes(data))
+    lines = read_all(reader, [seed, *damaged, *flipped], tmp_path)
+    assert lines[0] == "OK plan 5 1" and not python_refusal(seed, plan.decode)
+    for data, line in zip(damaged, lines[1:1 + len(damaged)]):
+        assert data != seed and line.startswith("ERR TensorRT plan") and python_refusal(data, plan.decode), (line, data)
+    for data, line in zip(flipped, lines[1 + len(damaged):]):
+        assert not line.startswith("OK") or not python_refusal(data, plan.decode), data
