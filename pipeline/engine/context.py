@@ -38,6 +38,7 @@ class ConversionContext:
         self.network = network
         self.spec = spec
         self.compute_dtype = dtypes.PRECISIONS[spec.precision]
+        self.float32_kept: frozenset[torch.fx.Node] = frozenset()  # floats made from integers (`position_floats`)
         self.values: dict[torch.fx.Node, Any] = {}
         self.range_constraints: dict[Any, Any] = {}  # symbol -> value range of the program's dims
         self.constants: dict[torch.fx.Node, torch.Tensor] = {}  # constant placeholders and their values
@@ -59,11 +60,12 @@ class ConversionContext:
         return self.compute_dtype if dtype in dtypes.FLOAT_DTYPES else dtype
 
     def node_dtype(self, node: torch.fx.Node) -> torch.dtype:
-        """Dtype a node's (first) output has inside the engine."""
+        """Dtype a node's (first) output has inside the engine: float32 for a value made from integers
+        (`float32_kept`), else its dtype in the compute precision."""
         val = node.meta["val"]
         if isinstance(val, (tuple, list)):
             val = val[0]
-        return self.compute(val.dtype)
+        return torch.float32 if node in self.float32_kept else self.compute(val.dtype)
 
     # ---- tensors ------------------------------------------------------------------------------
     def constant(self, value: Any, dtype: torch.dtype | None = None) -> Any:

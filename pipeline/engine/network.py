@@ -19,6 +19,7 @@ from pipeline.engine import quantize
 from pipeline.engine.compile_spec import DimRange, TensorRTCompileSpec
 from pipeline.engine.context import ConversionContext, known_size, torch_to_trt
 from pipeline.engine.converters.registry import lookup
+from pipeline.engine.position_floats import position_floats
 from pipeline.engine.support import refusal_reason
 from pipeline.engine.trt_api import trt
 from pipeline.errors import CompileSpecError, UnsupportedOperatorError
@@ -80,6 +81,8 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
     ctx.constants.update((n, v) for n in source.graph.find_nodes(op="placeholder")
                          if (v := source.constants.get(n.name)) is not None)
     ctx.quantized = quantize.plan(source, spec.quantize)
+    if ctx.compute_dtype != torch.float32:
+        ctx.float32_kept = position_floats(source.graph, set(ctx.constants))
     for node in source.graph.nodes:
         first = network.num_layers
         if node.op == "placeholder":

@@ -210,7 +210,7 @@ def constant_weight(ctx: ConversionContext, node: torch.fx.Node, value: torch.Te
     """The network tensor of constant `node` holding `value`: dequantized from its stored form where the
     plan quantizes it, else a float constant."""
     scheme = ctx.quantized.weights.get(node.name)
-    return ctx.constant(value) if scheme is None else weight_layers(ctx, value, scheme)
+    return ctx.constant(value, ctx.node_dtype(node)) if scheme is None else weight_layers(ctx, value, scheme)
 
 
 def weight_layers(ctx: ConversionContext, value: torch.Tensor, scheme: WeightScheme) -> Any:

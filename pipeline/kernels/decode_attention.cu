@@ -25,7 +25,9 @@ struct Attn {
 };
 
 struct AttnShared {
-  float q[kMaxQueryValues];   // the block's queries, i = g * T + t (head h * G + g, token t), as float
+  // The block's queries, i = g * T + t (head h * G + g, token t), as float, D + 1 apart: the lanes that
+  // read different queries at once read different banks.
+  float q[kMaxQueryValues + kMaxQueries];
   float s[kMaxQueries][kChunk];  // their scores over the chunk, then exp(score - largest)
 };
 
@@ -67,7 +69,7 @@ DP_INLINE void da_load_q(const Attn& a, AttnShared& sh, int b, int h, int tid) {
   for (int e = tid; e < da_queries(a) * a.dim; e += kAttnThreads) {
     const int i = e / a.dim;
     const long row = (static_cast<long>(b) * a.heads + da_head(a, h, i)) * a.tokens + i % a.tokens;
-    sh.q[e] = h2f(a.q[row * a.dim + e % a.dim]);
+    sh.q[i * (a.dim + 1) + e % a.dim] = h2f(a.q[row * a.dim + e % a.dim]);
   }
 }
 
@@ -80,7 +82,7 @@ DP_INLINE void da_scores(const Attn& a, AttnShared& sh, int b, int h, int c, int
     const float mask = pos < a.positions ? da_mask(a, b, i % a.tokens, pos) : DP_NEG_INF;
     if (da_kept(mask)) {
       const u16* key = a.k + ((static_cast<long>(b) * a.kv_heads + h) * a.positions + pos) * a.dim;
-      const float* query = sh.q + i * a.dim;
+      const float* query = sh.q + i * (a.dim + 1);
       float dot = 0.0f;
       for (int d = 0; d < a.dim; d += 8) {
         const Chunk ch = load16(key + d);

@@ -19,3 +19,35 @@ def test_layers_are_named_after_their_nodes() -> None:
     assert all(name.split("/")[0] in nodes for name in names), [n for n in names if n.split("/")[0] not in nodes]
     for op in ("convolution", "gelu", "addmm"):
         assert any(name.startswith(op) for name in names), (op, names)
+
+
+class _Rotary(torch.nn.Module):
+    """Rotary position embedding as decoders write it: angles in float32 from integer positions, their
+    cosines and sines cast to the activations' half precision."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([angles, angles], dim=-1)
+        return x * emb.cos().to(x.dtype) + x.flip(-1) * emb.sin().to(x.dtype)
+
+
+def test_angles_made_from_positions_stay_float32_in_an_fp16_engine() -> None:
+    """At position 2000 an angle in fp16 is off by up to 0.5 rad: the engine computes what it derives from
+    the integer positions in float32 (the model's own precision there) and the rest in fp16."""
+    from tests.helpers import check_converter, tensorrt_engines
+
+    x = torch.randn(1, 48, 64, generator=torch.Generator().manual_seed(0)).half()
+    edge = check_converter(_Rotary().half().float().eval(), (x, torch.arange(1960, 2008)), precision="fp16")
+    ((meta, _),) = tensorrt_engines(edge)
+    assert [b.dtype for b in meta.outputs] == ["float16"]
+    program = edge.exported_program().graph_module.lowered_module_0.original_module
+    definition = define_network(trt().Builder(trt().Logger(trt().Logger.ERROR)), program, TensorRTCompileSpec(precision="fp16"))
+    network = definition.network
+    dtypes = {network.get_layer(i).name: network.get_layer(i).get_output(0).dtype for i in range(network.num_layers)}
+    kept = [name for name, dtype in dtypes.items() if dtype == trt().float32]
+    assert any("cos" in name for name in kept) and any("sin" in name for name in kept), kept
+    assert {dtype for name, dtype in dtypes.items() if "add" in name} == {trt().float16}  # the activations' sum
