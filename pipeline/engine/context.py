@@ -38,7 +38,7 @@ class ConversionContext:
         self.network = network
         self.spec = spec
         self.compute_dtype = dtypes.PRECISIONS[spec.precision]
-        self.float32_kept: frozenset[torch.fx.Node] = frozenset()  # floats made from integers (`position_floats`)
+        self.float32_kept: frozenset[torch.fx.Node] = frozenset()  # what the model keeps float32 (`kept_float32`)
         self.values: dict[torch.fx.Node, Any] = {}
         self.range_constraints: dict[Any, Any] = {}  # symbol -> value range of the program's dims
         self.constants: dict[torch.fx.Node, torch.Tensor] = {}  # constant placeholders and their values
@@ -60,8 +60,9 @@ class ConversionContext:
         return self.compute_dtype if dtype in dtypes.FLOAT_DTYPES else dtype
 
     def node_dtype(self, node: torch.fx.Node) -> torch.dtype:
-        """Dtype a node's (first) output has inside the engine: float32 for a value made from integers
-        (`float32_kept`), else its dtype in the compute precision."""
+        """Dtype a node's (first) output has inside the engine: float32 where a half-precision engine keeps
+        the model's float32 (`float32_kept`: values made from integers, normalization statistics), else
+        its dtype in the compute precision."""
         val = node.meta["val"]
         if isinstance(val, (tuple, list)):
             val = val[0]

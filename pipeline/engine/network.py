@@ -19,7 +19,7 @@ from pipeline.engine import quantize
 from pipeline.engine.compile_spec import DimRange, TensorRTCompileSpec
 from pipeline.engine.context import ConversionContext, known_size, torch_to_trt
 from pipeline.engine.converters.registry import lookup
-from pipeline.engine.position_floats import position_floats
+from pipeline.engine.kept_float32 import kept_float32
 from pipeline.engine.support import refusal_reason
 from pipeline.engine.trt_api import trt
 from pipeline.errors import CompileSpecError, UnsupportedOperatorError
@@ -82,7 +82,7 @@ def define_network(builder: Any, source: ExportedProgram | GraphSource, spec: Te
                          if (v := source.constants.get(n.name)) is not None)
     ctx.quantized = quantize.plan(source, spec.quantize)
     if ctx.compute_dtype != torch.float32:
-        ctx.float32_kept = position_floats(source.graph, set(ctx.constants))
+        ctx.float32_kept = kept_float32(source.graph, set(ctx.constants))
     for node in source.graph.nodes:
         first = network.num_layers
         if node.op == "placeholder":

@@ -48,7 +48,9 @@ class CompileOptions:
 
     Attributes:
         precision: compute precision of float tensors inside the engine (fp32, fp16, bf16); engine
-            inputs and outputs keep the program's dtypes.
+            inputs and outputs keep the program's dtypes. fp16 and bf16 keep float32 where the model
+            computes float32 from integers (rotary angles) or normalization statistics
+            (`engine/kept_float32.py`).
         allow_tf32: let fp32 matmuls and convolutions use TF32 (TensorRT-RTX ignores the flag: only
             NVIDIA_TF32_OVERRIDE=0 where the program is built and run switches TF32 off, so false is
             refused there without it; see `build_env.py`).

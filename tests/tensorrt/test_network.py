@@ -51,3 +51,26 @@ def test_angles_made_from_positions_stay_float32_in_an_fp16_engine() -> None:
     kept = [name for name, dtype in dtypes.items() if dtype == trt().float32]
     assert any("cos" in name for name in kept) and any("sin" in name for name in kept), kept
     assert {dtype for name, dtype in dtypes.items() if "add" in name} == {trt().float16}  # the activations' sum
+
+
+class _RMSNorm(torch.nn.Module):
+    """RMSNorm as decoders write it: the statistics of the half-precision input in float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(64, generator=torch.Generator().manual_seed(1)) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight.to(x.dtype) * h.to(x.dtype)
+
+
+def test_normalization_statistics_stay_float32_in_an_fp16_engine() -> None:
+    """An activation of 300 (trained decoders carry such in their residual stream) squares past fp16's
+    largest value: in fp16 the row's mean would be infinite and the row normalized to zeros."""
+    from tests.helpers import check_converter
+
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0)).half()
+    x[0, 3, 5], x[1, 2, 7] = 300.0, -1000.0
+    check_converter(_RMSNorm().eval(), (x,), precision="fp16")
