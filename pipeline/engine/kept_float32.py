@@ -31,6 +31,9 @@ _KEEPS = _REDUCTIONS | frozenset({
     "abs", "minimum", "maximum", "clamp", "cat", "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand",
     "permute", "transpose", "slice", "select", "clone", "repeat", "alias",
 })
+# Products, which keep a value made from integers such a value too (rotary angles as transformers writes
+# them: frequencies @ positions), never a normalization's.
+_PRODUCTS = frozenset({"mm", "bmm", "matmul"})
 # Casts, where such values start (Edge programs hold dim-order copies where ATen has `_to_copy` and `clone`).
 _CASTS = frozenset({"_to_copy", "_to_dim_order_copy", "_clone_dim_order"})
 _HALF = (torch.float16, torch.bfloat16)
@@ -63,7 +66,7 @@ def kept_float32(graph: torch.fx.Graph, constants: set[torch.fx.Node]) -> frozen
     its constant placeholders."""
     fixed = set(constants)  # constants, and what the ops above make from them alone
     for node in graph.nodes:
-        if _name(node.target) in _KEEPS | _CASTS and node.all_input_nodes and all(a in fixed for a in node.all_input_nodes):
+        if _name(node.target) in _KEEPS | _PRODUCTS | _CASTS and node.all_input_nodes and all(a in fixed for a in node.all_input_nodes):
             fixed.add(node)
     kept: set[torch.fx.Node] = set()
     for seed in graph.nodes:
@@ -72,9 +75,9 @@ def kept_float32(graph: torch.fx.Graph, constants: set[torch.fx.Node]) -> frozen
         source = seed.all_input_nodes[0]
         value = _tensor(source)
         if _integer(source):
-            kept |= _island(seed, fixed)
+            kept |= _island(seed, fixed, _KEEPS | _PRODUCTS | _CASTS)
         elif value is not None and value.dtype in _HALF:
-            island = _island(seed, fixed)
+            island = _island(seed, fixed, _KEEPS | _CASTS)
             if any(_name(n.target) in _REDUCTIONS for n in island):
                 kept |= island
     for node in reversed(graph.nodes):  # constants only kept values read, and what is made from them alone
@@ -83,13 +86,13 @@ def kept_float32(graph: torch.fx.Graph, constants: set[torch.fx.Node]) -> frozen
     return frozenset(kept)
 
 
-def _island(seed: torch.fx.Node, fixed: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    """`seed` and the float32 values the ops above make from it, constants and integers alone."""
+def _island(seed: torch.fx.Node, fixed: set[torch.fx.Node], ops: frozenset[str]) -> set[torch.fx.Node]:
+    """`seed` and the float32 values `ops` make from it, constants and integers alone."""
     island, order = {seed}, {n: i for i, n in enumerate(seed.graph.nodes)}
     todo = sorted(seed.users, key=order.__getitem__)
     while todo:
         node = todo.pop(0)
-        if node in island or _name(node.target) not in _KEEPS | _CASTS or not _float32(node):
+        if node in island or _name(node.target) not in ops or not _float32(node):
             continue
         if all(a in island or a in fixed or _integer(a) for a in node.all_input_nodes):
             island.add(node)

@@ -84,6 +84,9 @@ DP_INLINE void da_scores(const Attn& a, AttnShared& sh, int b, int h, int c, int
       const u16* key = a.k + ((static_cast<long>(b) * a.kv_heads + h) * a.positions + pos) * a.dim;
       const float* query = sh.q + i * (a.dim + 1);
       float dot = 0.0f;
+#ifdef __CUDACC_RTC__
+#pragma unroll 4
+#endif
       for (int d = 0; d < a.dim; d += 8) {
         const Chunk ch = load16(key + d);
         for (int j = 0; j < 4; ++j)
@@ -116,6 +119,9 @@ DP_INLINE void da_values(const Attn& a, const AttnShared& sh, int b, int h, int 
   for (int e = tid; e < da_queries(a) * a.dim; e += kAttnThreads) {
     const int i = e / a.dim, d = e % a.dim;
     float acc = 0.0f;
+#ifdef __CUDACC_RTC__
+#pragma unroll 8  // the loads of several positions in flight (each predicated on its weight)
+#endif
     for (int p = 0; p < live; ++p)
       if (sh.s[i][p] != 0.0f) acc += sh.s[i][p] * h2f(values[static_cast<long>(p) * a.dim + d]);
     da_record(a, b, h, i, c)[2 + d] = acc;

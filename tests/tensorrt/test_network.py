@@ -1,5 +1,6 @@
 """`define_network`: every layer is named after the program node it comes from."""
 
+import pytest
 import torch
 
 from pipeline.engine.compile_spec import TensorRTCompileSpec
@@ -22,26 +23,32 @@ def test_layers_are_named_after_their_nodes() -> None:
 
 
 class _Rotary(torch.nn.Module):
-    """Rotary position embedding as decoders write it: angles in float32 from integer positions, their
-    cosines and sines cast to the activations' half precision."""
+    """Rotary position embedding as decoders write it: angles in float32 from integer positions (a product,
+    or frequencies @ positions as transformers writes it), their cosines and sines cast to the
+    activations' half precision."""
 
-    def __init__(self) -> None:
+    def __init__(self, product: bool) -> None:
         super().__init__()
+        self.product = product
         self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        if self.product:
+            angles = (self.inv_freq[None, :, None] @ positions[None, None, :].float()).transpose(1, 2)[0]
+        else:
+            angles = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([angles, angles], dim=-1)
         return x * emb.cos().to(x.dtype) + x.flip(-1) * emb.sin().to(x.dtype)
 
 
-def test_angles_made_from_positions_stay_float32_in_an_fp16_engine() -> None:
+@pytest.mark.parametrize("product", [False, True])
+def test_angles_made_from_positions_stay_float32_in_an_fp16_engine(product: bool) -> None:
     """At position 2000 an angle in fp16 is off by up to 0.5 rad: the engine computes what it derives from
     the integer positions in float32 (the model's own precision there) and the rest in fp16."""
     from tests.helpers import check_converter, tensorrt_engines
 
     x = torch.randn(1, 48, 64, generator=torch.Generator().manual_seed(0)).half()
-    edge = check_converter(_Rotary().half().float().eval(), (x, torch.arange(1960, 2008)), precision="fp16")
+    edge = check_converter(_Rotary(product).eval(), (x, torch.arange(1960, 2008)), precision="fp16")
     ((meta, _),) = tensorrt_engines(edge)
     assert [b.dtype for b in meta.outputs] == ["float16"]
     program = edge.exported_program().graph_module.lowered_module_0.original_module

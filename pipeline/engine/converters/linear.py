@@ -17,10 +17,11 @@ Node = torch.fx.Node
 _FLOAT = v.FLOAT_ONLY
 
 
-def matmul_layer(ctx: ConversionContext, a: Any, b: Any, transpose_b: bool = False) -> Any:
-    """a @ b with torch's rules for 1-D operands and broadcast batch dims."""
+def matmul_layer(ctx: ConversionContext, a: Any, b: Any, transpose_b: bool = False, dtype: torch.dtype | None = None) -> Any:
+    """a @ b with torch's rules for 1-D operands and broadcast batch dims, in `dtype` (default: the
+    compute precision)."""
     mop = trt().MatrixOperation
-    dtype = ctx.compute(torch.float32)
+    dtype = dtype or ctx.compute(torch.float32)
     a, b = ctx.cast(a, dtype), ctx.cast(b, dtype)
     op_a = mop.VECTOR if len(a.shape) == 1 else mop.NONE
     op_b = mop.VECTOR if len(b.shape) == 1 else (mop.TRANSPOSE if transpose_b else mop.NONE)
@@ -32,17 +33,17 @@ def matmul_layer(ctx: ConversionContext, a: Any, b: Any, transpose_b: bool = Fal
 
 @converter(aten.mm.default, validator=v.all_of(_FLOAT, v.rank_between(2, 2)))
 def mm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return matmul_layer(ctx, args[0], args[1])
+    return matmul_layer(ctx, args[0], args[1], dtype=ctx.node_dtype(node))
 
 
 @converter(aten.bmm.default, validator=v.all_of(_FLOAT, v.rank_between(3, 3)))
 def bmm(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return matmul_layer(ctx, args[0], args[1])
+    return matmul_layer(ctx, args[0], args[1], dtype=ctx.node_dtype(node))
 
 
 @converter(aten.matmul.default, validator=v.all_of(_FLOAT, v.rank_between(1, 8)))
 def matmul(ctx: ConversionContext, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return matmul_layer(ctx, args[0], args[1])
+    return matmul_layer(ctx, args[0], args[1], dtype=ctx.node_dtype(node))
 
 
 def _times(ctx: ConversionContext, node: Node, x: Any, factor: Any) -> Any:
