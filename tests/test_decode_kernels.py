@@ -93,6 +93,23 @@ def test_products_the_kernels_cannot_take_stay_in_tensorrt() -> None:
     assert take_products(gm, TensorRTCompileSpec(precision="fp16"), written_buffers(gm), "decode") == 0
 
 
+def test_attention_the_kernels_do_not_take_stays_in_tensorrt_and_the_log_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    """Nine tokens are more than the attention kernels take; an attention left as written
+    (compile.attention=as_written) is not found whole, and the log names the setting that hands it over."""
+    spec = TensorRTCompileSpec(precision="fp16", decode_kernels=True)
+    gm, _ = _decode_graph("none", tokens=9)
+    assert fuse_attention(gm) == SIZE["num_hidden_layers"]
+    with caplog.at_level("INFO", logger="pipeline.lowering.compile"):
+        assert take_attention(gm, spec, "prefill") == 0
+    assert "2 attention(s) stay in TensorRT" in caplog.text and "is not 1 to 8 tokens" in caplog.text
+    gm, _ = _decode_graph("none")
+    as_written = TensorRTCompileSpec(precision="fp16", decode_kernels=True, attention="as_written")
+    take_products(gm, as_written, written_buffers(gm), "decode")
+    with caplog.at_level("INFO", logger="pipeline.lowering.compile"):
+        assert take_attention(gm, as_written, "decode") == 0
+    assert "compile.attention=as_written, so attention stays in TensorRT" in caplog.text
+
+
 class Built(NamedTuple):
     out: Path
     mode: str  # compile.quantize.mode

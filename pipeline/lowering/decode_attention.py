@@ -19,6 +19,7 @@ from pipeline.engine.attention_op import attention as _trt_attention  # noqa: F4
 from pipeline.engine.compile_spec import TensorRTCompileSpec
 from pipeline.kernels import decode_attention, ptx
 from pipeline.kernels.attention_op import OP_NAME  # noqa: F401  (registers torch.ops.pipeline.decode_attention)
+from pipeline.kernels.product_op import is_decode_product
 from pipeline.lowering.decode_products import constant
 
 log = logging.getLogger("pipeline.lowering.compile")
@@ -41,7 +42,7 @@ def take_attention(gm: torch.fx.GraphModule, spec: TensorRTCompileSpec, method: 
         log.info("method %r: %d attention(s) stay in TensorRT (%s)", method, len(skipped), "; ".join(
             f"{name}: {why}" for name, why in list(skipped.items())[:3]))
     if not taken:
-        if spec.attention != "fused":
+        if spec.attention != "fused" and any(is_decode_product(n) for n in gm.graph.nodes):  # a decode step
             log.info("method %r: compile.attention=%s, so attention stays in TensorRT; compile.attention=fused hands a "
                      "decode step's attention to the project's kernels", method, spec.attention)
         return 0
