@@ -19,6 +19,8 @@ input in the compute dtype as before."""
 
 from __future__ import annotations
 
+import heapq
+
 import torch
 
 from pipeline.engine.converters.registry import aten_op
@@ -64,6 +66,7 @@ def _integer(node: torch.fx.Node) -> bool:
 def kept_float32(graph: torch.fx.Graph, constants: set[torch.fx.Node]) -> frozenset[torch.fx.Node]:
     """The nodes of `graph` an engine of a half precision keeps in float32 (see the module); `constants`:
     its constant placeholders."""
+    order = {n: i for i, n in enumerate(graph.nodes)}  # the graph's (topological) order, which islands grow in
     fixed = set(constants)  # constants, and what the ops above make from them alone
     for node in graph.nodes:
         if _name(node.target) in _KEEPS | _PRODUCTS | _CASTS and node.all_input_nodes and all(a in fixed for a in node.all_input_nodes):
@@ -75,9 +78,9 @@ def kept_float32(graph: torch.fx.Graph, constants: set[torch.fx.Node]) -> frozen
         source = seed.all_input_nodes[0]
         value = _tensor(source)
         if _integer(source):
-            kept |= _island(seed, fixed, _KEEPS | _PRODUCTS | _CASTS)
+            kept |= _island(seed, fixed, _KEEPS | _PRODUCTS | _CASTS, order)
         elif value is not None and value.dtype in _HALF:
-            island = _island(seed, fixed, _KEEPS | _CASTS)
+            island = _island(seed, fixed, _KEEPS | _CASTS, order)
             if any(_name(n.target) in _REDUCTIONS for n in island):
                 kept |= island
     for node in reversed(graph.nodes):  # constants only kept values read, and what is made from them alone
@@ -86,15 +89,18 @@ def kept_float32(graph: torch.fx.Graph, constants: set[torch.fx.Node]) -> frozen
     return frozenset(kept)
 
 
-def _island(seed: torch.fx.Node, fixed: set[torch.fx.Node], ops: frozenset[str]) -> set[torch.fx.Node]:
-    """`seed` and the float32 values `ops` make from it, constants and integers alone."""
-    island, order = {seed}, {n: i for i, n in enumerate(seed.graph.nodes)}
-    todo = sorted(seed.users, key=order.__getitem__)
+def _island(seed: torch.fx.Node, fixed: set[torch.fx.Node], ops: frozenset[str],
+            order: dict[torch.fx.Node, int]) -> set[torch.fx.Node]:
+    """`seed` and the float32 values `ops` make from it, constants and integers alone: its readers
+    visited in graph order, so a node's inputs are settled before it is."""
+    island, todo = {seed}, [(order[u], u) for u in seed.users]
+    heapq.heapify(todo)
     while todo:
-        node = todo.pop(0)
+        _, node = heapq.heappop(todo)
         if node in island or _name(node.target) not in ops or not _float32(node):
             continue
         if all(a in island or a in fixed or _integer(a) for a in node.all_input_nodes):
             island.add(node)
-            todo = sorted({*todo, *node.users}, key=order.__getitem__)
+            for user in node.users:
+                heapq.heappush(todo, (order[user], user))
     return island
